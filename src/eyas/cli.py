@@ -1,0 +1,90 @@
+"""The ``eyas`` command line: parse arguments, load the config, call the stage. Nothing else."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from eyas.config import ConfigError, RunConfig, dump_config, load_config
+from eyas.console import console, setup_logging
+from eyas.jsonl import JsonlError
+from eyas.paths import RunPaths
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train EAGLE-3 drafters from a target model's own outputs.")
+config_app = typer.Typer(no_args_is_help=True, help="Inspect run configs.")
+prompts_app = typer.Typer(no_args_is_help=True, help="Stage 1: prompt datasets.")
+app.add_typer(config_app, name="config")
+app.add_typer(prompts_app, name="prompts")
+
+ConfigArg = Annotated[Path, typer.Argument(help="Run config (YAML).")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; warnings only.")]
+
+EXIT_BAD_INPUT = 2
+
+
+def _open_run(config_path: Path, quiet: bool = False) -> RunConfig:
+    config = load_config(config_path)
+    setup_logging(RunPaths.of(config).log_file, quiet)
+    return config
+
+
+@config_app.command("show")
+def config_show(config: ConfigArg) -> None:
+    """Print the resolved config with every default filled in."""
+    sys.stdout.write(dump_config(load_config(config)))
+
+
+@prompts_app.command("synth")
+def prompts_synth(
+    count: Annotated[int, typer.Option(min=1, help="Prompts to write.")],
+    out: Annotated[Path, typer.Option(help="Output JSONL file (appended to and resumed).")],
+    config: Annotated[Path | None, typer.Argument(help="Run config naming the target (default: embedded).")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Synthesize prompts from the target itself (Magpie-style)."""
+    from eyas.prompts.synth import synthesize
+
+    run_config = _open_run(config, quiet) if config else RunConfig(run_dir=str(out.parent))
+    setup_logging(None, quiet)
+    synthesize(run_config, count, out, quiet)
+
+
+@app.command()
+def generate(config: ConfigArg, quiet: QuietOpt = False) -> None:
+    """Stage 2: regenerate every prompt's answer with the target."""
+    from eyas import generate as stage
+
+    stage.run(_open_run(config, quiet), quiet)
+
+
+@app.command()
+def status(config: ConfigArg) -> None:
+    """Per dataset: prompts, records done, completion tokens, finish reasons."""
+    from eyas.generate.status import collect, table
+
+    console.print(table(collect(_open_run(config, quiet=True))))
+
+
+@app.command()
+def demo(
+    run_dir: Annotated[Path, typer.Option(help="Where the demo run goes.")] = Path("runs/demo"),
+    quiet: QuietOpt = False,
+) -> None:
+    """Run the pipeline on the embedded default, on CPU, with no network."""
+    from eyas.demo import run_demo
+
+    run_demo(run_dir, quiet)
+
+
+def main() -> None:
+    try:
+        app()
+    except (ConfigError, JsonlError) as e:
+        console.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        console.print("interrupted; finished work is saved, rerun the same command to resume")
+        sys.exit(130)

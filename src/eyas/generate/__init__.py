@@ -1,0 +1,107 @@
+"""Stage 2 — generate: regenerate every prompt's answer with the target.
+
+Consumes the configured datasets (stage 1); produces ``<run_dir>/generate/<dataset>.jsonl``
+with one :class:`~eyas.records.GenerationRecord` per prompt, written by one writer
+(:mod:`eyas.generate.store`) whatever the backend. Reruns skip finished prompts; a killed
+run resumes with exactly one record per prompt.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from eyas.config import RunConfig
+from eyas.console import progress
+from eyas.generate.store import RecordWriter, conversation_for, make_record, scan, settings_guard
+from eyas.paths import RunPaths
+from eyas.prompts import iter_prompts
+from eyas.records import PromptRecord
+
+log = logging.getLogger(__name__)
+
+
+def sampling_settings(config: RunConfig) -> dict:
+    """The settings that shape the output distribution; records made under others are not mixed in."""
+    g = config.generate
+    model = g.model if g.backend == "openai" else config.target.model
+    return {
+        "backend": g.backend,
+        "model": model,
+        "max_tokens": g.max_tokens,
+        "temperature": g.temperature,
+        "top_p": g.top_p,
+        "seed": g.seed,
+        "stop": g.stop,
+    }
+
+
+def run(config: RunConfig, quiet: bool = False) -> None:
+    paths = RunPaths.of(config)
+    settings_guard(paths.generate_dir / "settings.json", sampling_settings(config))
+    if config.generate.backend == "local":
+        _run_local(config, paths, quiet)
+    else:
+        from eyas.generate.http import run_http
+
+        run_http(config, paths, quiet)
+
+
+def _run_local(config: RunConfig, paths: RunPaths, quiet: bool) -> None:
+    from eyas.generate.local import Job, LocalGenerator, run_jobs, usage_of
+    from eyas.target import end_of_turn_id, load_model, load_tokenizer
+
+    tokenizer = load_tokenizer(config.target)
+    model = load_model(config.target)
+    generator = LocalGenerator(model, tokenizer, end_of_turn_id(tokenizer), config.generate)
+    for dataset in config.datasets:
+        state = scan(paths.generations(dataset.name))
+        pending: list[PromptRecord] = [p for p in iter_prompts(dataset) if p.record_id not in state.done]
+        if not pending:
+            log.info("%s: all prompts already generated", dataset.name)
+            continue
+        target = dataset.output_token_target
+        started, tokens = time.monotonic(), 0
+        with RecordWriter(paths.generations(dataset.name), state) as writer, progress(quiet) as bar:
+            task = bar.add_task(dataset.name, total=len(pending), rate=0.0)
+
+            def on_done(job: Job, completion) -> None:
+                nonlocal tokens
+                prompt: PromptRecord = job.key
+                writer.write(
+                    make_record(
+                        prompt,
+                        job.messages,
+                        content=completion.text,
+                        finish_reason=completion.finish_reason,
+                        model=config.target.model,
+                        provider="local",
+                        usage=usage_of(completion),
+                        token_ids=completion.token_ids,
+                    )
+                )
+                tokens += len(completion.token_ids)
+                bar.update(task, advance=1, rate=tokens / max(time.monotonic() - started, 1e-9))
+
+            # Multi-turn conversations go in rounds: turn k waits for the model's answer to turn k-1.
+            while pending:
+                ready, waiting = [], []
+                for p in pending:
+                    messages = conversation_for(p, state)
+                    (ready if messages is not None else waiting).append((p, messages))
+                if not ready:
+                    log.warning("%s: %d turns wait for earlier turns that could not be generated", dataset.name, len(waiting))
+                    break
+                jobs = [Job(p, m, generator.encode_prompt(m, p.tools)) for p, m in ready]
+                run_jobs(
+                    generator,
+                    jobs,
+                    on_done,
+                    seed=config.generate.seed,
+                    should_stop=lambda: target is not None and state.completion_tokens >= target,
+                )
+                pending = [p for p, _ in waiting if p.record_id not in state.done]
+                if target is not None and state.completion_tokens >= target:
+                    log.info("%s: output_token_target %d reached", dataset.name, target)
+                    break
+        log.info("%s: %d records, %d completion tokens", dataset.name, len(state.done), state.completion_tokens)

