@@ -1,0 +1,79 @@
+"""Capture the hidden states an EAGLE-3 drafter trains on, with forward hooks.
+
+Layer convention (off-by-one here silently ruins a drafter, so it is fixed in one place):
+``aux_layers`` are 0-based decoder layer indices whose *outputs* are captured. The default
+``[1, L//2 - 1, L - 4]`` equals HF ``output_hidden_states`` indices ``[2, L//2, L - 3]``
+(entry 0 there is the embedding output) and the *inputs* of layers ``(2, L//2, L-3)`` that
+SGLang and vLLM capture. The final state is the base model's output after the final norm —
+what ``lm_head`` consumes — so target logits are ``lm_head(final)``.
+
+Only the hooked layers are kept (not every layer's states), and ``lm_head`` is never run
+over the full vocabulary here. Used by offline extraction and by online training alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def default_aux_layers(num_layers: int) -> list[int]:
+    """0-based decoder layers whose outputs EAGLE-3 uses by default: [1, L//2-1, L-4]."""
+    if num_layers < 5:
+        raise ValueError(f"EAGLE-3 needs a target with at least 5 decoder layers, got {num_layers}")
+    return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+def hf_hidden_state_indices(aux_layers: list[int]) -> list[int]:
+    """The same layers as indices into HF ``output_hidden_states`` (shifted by the embedding)."""
+    return [i + 1 for i in aux_layers]
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    return base.layers
+
+
+def num_decoder_layers(model) -> int:
+    return len(decoder_layers(model))
+
+
+@dataclass
+class Captured:
+    aux: torch.Tensor
+    """[batch, seq, 3 * hidden]: the aux layers' outputs, concatenated in layer order."""
+    final: torch.Tensor
+    """[batch, seq, hidden]: after the final norm."""
+
+
+@torch.inference_mode()
+def capture(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    aux_layers: list[int] | None = None,
+    position_ids: torch.Tensor | None = None,
+) -> Captured:
+    """Run the target's decoder once and return the aux and final hidden states."""
+    layers = decoder_layers(model)
+    aux_layers = aux_layers if aux_layers is not None else default_aux_layers(len(layers))
+    for i in aux_layers:
+        if not 0 <= i < len(layers):
+            raise ValueError(f"extract.aux_layers: layer {i} is outside 0..{len(layers) - 1}")
+    grabbed: dict[int, torch.Tensor] = {}
+
+    def hook_for(index: int):
+        def hook(_module, _inputs, output):
+            grabbed[index] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    handles = [layers[i].register_forward_hook(hook_for(i)) for i in sorted(set(aux_layers))]
+    try:
+        base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return Captured(aux=torch.cat([grabbed[i] for i in aux_layers], dim=-1), final=out.last_hidden_state)

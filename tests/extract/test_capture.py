@@ -1,0 +1,22 @@
+import torch
+
+from eyas.extract.capture import capture, default_aux_layers, hf_hidden_state_indices, num_decoder_layers
+
+
+def test_default_layers_follow_the_documented_convention():
+    assert default_aux_layers(30) == [1, 14, 26]
+    assert hf_hidden_state_indices(default_aux_layers(32)) == [2, 16, 29]  # Llama-3.1-8B per SGLang/vLLM
+
+
+def test_captured_states_equal_output_hidden_states_at_documented_indices(model, tokenizer):
+    ids = tokenizer(["The capital of France is", "One two three four five six"], return_tensors="pt", padding=True)
+    layers = default_aux_layers(num_decoder_layers(model))
+    got = capture(model, ids.input_ids, ids.attention_mask, layers)
+    with torch.inference_mode():
+        ref = model(**ids, output_hidden_states=True).hidden_states
+    hidden = model.config.hidden_size
+    for k, hf_index in enumerate(hf_hidden_state_indices(layers)):
+        torch.testing.assert_close(got.aux[..., k * hidden : (k + 1) * hidden], ref[hf_index])
+    # transformers replaces the last entry with the normed output: that is what lm_head consumes.
+    torch.testing.assert_close(got.final, ref[-1])
+    torch.testing.assert_close(model.lm_head(got.final), model(**ids).logits)
