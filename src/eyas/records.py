@@ -115,6 +115,26 @@ TOKENIZED_COLUMNS = (
 """Columns of tokenize and merge Parquet files: `input_ids` list<int32>, `loss_mask` list<uint8>."""
 
 
+def tokenized_arrow_schema():
+    """The pyarrow schema of tokenize/merge Parquet files (pyarrow imported only when asked)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("id", pa.string()),
+            ("dataset", pa.string()),
+            ("input_ids", pa.list_(pa.int32())),
+            ("loss_mask", pa.list_(pa.uint8())),
+            ("num_tokens", pa.int64()),
+            ("completion_tokens", pa.int64()),
+            ("billed_completion_tokens", pa.int64()),
+            ("finish_reason", pa.string()),
+            ("format", pa.string()),
+            ("flags", pa.list_(pa.string())),
+        ]
+    )
+
+
 @dataclass
 class TokenizedSample:
     id: str
