@@ -1,0 +1,1 @@
+"""Stage 4 — merge: every tokenized dataset into one shuffled corpus with a held-out split."""

@@ -1,0 +1,76 @@
+"""Read the merged corpus: ``<run_dir>/merge/{train,eval}-NNNNN.parquet``.
+
+Training reads the train split, evaluation the held-out eval split, extraction the train
+split by row range. Rows are plain dicts with the tokenize columns
+(:data:`eyas.records.TOKENIZED_COLUMNS`), in the merge's shuffled order. Files are written
+with small row groups so a row range is read without decoding whole files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from eyas.config import ConfigError
+from eyas.paths import RunPaths
+
+SPLITS = ("train", "eval")
+
+
+def split_files(paths: RunPaths, split: str) -> list[Path]:
+    """The split's Parquet files in order; empty when the split has no samples."""
+    _check_split(split)
+    return sorted(paths.merge_dir.glob(f"{split}-[0-9][0-9][0-9][0-9][0-9].parquet"))
+
+
+def _check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {', '.join(SPLITS)}")
+
+
+def _require_merged(paths: RunPaths) -> None:
+    if not (paths.merge_dir / "stats.json").is_file():
+        raise ConfigError(f"{paths.merge_dir}: no merged corpus yet; run `eyas merge CONFIG` first")
+
+
+def iter_split(paths: RunPaths, split: str, columns: list[str] | None = None) -> Iterator[dict]:
+    """Yield every row of ``split`` as a dict, in the merged (shuffled) order."""
+    _require_merged(paths)
+    for path in split_files(paths, split):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=columns):
+            yield from batch.to_pylist()
+
+
+def split_lengths(paths: RunPaths, split: str) -> list[int]:
+    """``num_tokens`` of every row of ``split``, in order (reads one small column)."""
+    _require_merged(paths)
+    lengths: list[int] = []
+    for path in split_files(paths, split):
+        lengths.extend(pq.read_table(path, columns=["num_tokens"]).column(0).to_pylist())
+    return lengths
+
+
+def read_rows(paths: RunPaths, split: str, start: int, stop: int, columns: list[str] | None = None) -> list[dict]:
+    """Rows ``start:stop`` of ``split`` (global row numbers), reading only the row groups that hold them."""
+    _require_merged(paths)
+    rows: list[dict] = []
+    offset = 0
+    for path in split_files(paths, split):
+        meta = pq.ParquetFile(path).metadata
+        if offset >= stop:
+            break
+        if offset + meta.num_rows <= start:
+            offset += meta.num_rows
+            continue
+        file = pq.ParquetFile(path)
+        for g in range(meta.num_rows and meta.num_row_groups):
+            n = meta.row_group(g).num_rows
+            lo, hi = max(start - offset, 0), min(stop - offset, n)
+            if lo < hi:
+                rows.extend(file.read_row_group(g, columns=columns).slice(lo, hi - lo).to_pylist())
+            offset += n
+    if len(rows) != max(stop - start, 0):
+        raise ValueError(f"{paths.merge_dir}: {split} has no rows {start}:{stop} (has {offset})")
+    return rows
