@@ -28,7 +28,6 @@ TOPICS = (
     "home repair", "climate and weather", "philosophy", "small business", "pets",
     "chemistry", "geography", "productivity", "poetry",
 )
-SYNTH_SAMPLING = {"temperature": 1.0, "top_p": 0.95, "max_tokens": 48, "batch_size": 32}
 
 
 def user_turn_opening(tokenizer, topic: str) -> str:
@@ -47,8 +46,14 @@ def _normalise(text: str) -> str:
     return " ".join(text.lower().split())
 
 
-def synthesize(config: RunConfig, count: int, out: Path, quiet: bool = False) -> int:
-    """Write up to ``count`` prompt rows to ``out``; return how many it holds."""
+def synthesize(
+    config: RunConfig, count: int, out: Path, quiet: bool = False, *, batch_size: int = 32, max_tokens: int = 48
+) -> int:
+    """Write up to ``count`` prompt rows to ``out``; return how many it holds.
+
+    Sampling is fixed at temperature 1.0, top-p 0.95: diversity matters more here than
+    the run's own generation settings, which are usually greedy.
+    """
     from eyas.generate.local import LocalGenerator
     from eyas.target import end_of_turn_id, load_model, load_tokenizer
 
@@ -59,7 +64,9 @@ def synthesize(config: RunConfig, count: int, out: Path, quiet: bool = False) ->
         return len(seen)
     tokenizer = load_tokenizer(config.target)
     model = load_model(config.target)
-    settings = GenerateConfig(**SYNTH_SAMPLING, seed=config.generate.seed)
+    settings = GenerateConfig(
+        temperature=1.0, top_p=0.95, max_tokens=max_tokens, batch_size=batch_size, seed=config.generate.seed
+    )
     generator = LocalGenerator(model, tokenizer, end_of_turn_id(tokenizer), settings)
     stats = {"sampled": 0, "truncated": 0, "empty": 0, "duplicate": 0}
     max_rounds = 8 * max(1, -(-count // settings.batch_size))

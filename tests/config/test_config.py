@@ -1,0 +1,87 @@
+import pytest
+
+from eyas.config import ConfigError, RunConfig, dump_config, load_config, parse_config, resolve_api_key
+
+
+def write(tmp_path, text):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_unknown_key_names_its_path(tmp_path):
+    path = write(tmp_path, "run_dir: out\ngenerate:\n  concurency: 10\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "generate.concurency: unknown key" in str(e.value)
+    assert str(path) in str(e.value)
+
+
+def test_unknown_key_inside_a_dataset_names_the_index(tmp_path):
+    path = write(tmp_path, "run_dir: out\ndatasets:\n  - name: a\n    source: a.jsonl\n    weigth: 2\n")
+    with pytest.raises(ConfigError, match=r"datasets\[0\]\.weigth: unknown key"):
+        load_config(path)
+
+
+def test_wrong_type_names_path_and_expected_type(tmp_path):
+    path = write(tmp_path, "run_dir: out\ngenerate:\n  max_tokens: lots\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "generate.max_tokens: Input should be a valid integer (got str 'lots')" in str(e.value)
+
+
+def test_strings_are_not_coerced_to_numbers():
+    with pytest.raises(ConfigError, match=r"generate\.temperature"):
+        parse_config({"run_dir": "x", "generate": {"temperature": "0.7"}})
+
+
+def test_missing_required_key():
+    with pytest.raises(ConfigError, match=r"run_dir: required key is missing"):
+        parse_config({})
+
+
+def test_bad_yaml_names_file_and_line(tmp_path):
+    path = write(tmp_path, "run_dir: out\ngenerate:\n  max_tokens: [1,\n")
+    with pytest.raises(ConfigError, match=rf"{path}:\d+: not valid YAML"):
+        load_config(path)
+
+
+def test_http_backend_needs_an_endpoint():
+    with pytest.raises(ConfigError, match="needs generate.base_url"):
+        parse_config({"run_dir": "x", "generate": {"backend": "openai", "model": "m"}})
+
+
+def test_duplicate_dataset_names_are_rejected():
+    data = {"run_dir": "x", "datasets": [{"name": "a", "source": "a.jsonl"}, {"name": "a", "source": "b.jsonl"}]}
+    with pytest.raises(ConfigError, match="repeated: a"):
+        parse_config(data)
+
+
+def test_relative_paths_resolve_against_the_config_file(tmp_path):
+    path = write(tmp_path, "run_dir: out\ndatasets:\n  - name: a\n    source: data/a.jsonl\n  - name: b\n    source: org/hub-set\n")
+    config = load_config(path)
+    assert config.run_dir == str(tmp_path / "out")
+    assert config.datasets[0].source == str(tmp_path / "data" / "a.jsonl")
+    assert config.datasets[1].source == "org/hub-set"
+
+
+def test_dump_fills_in_every_default():
+    text = dump_config(RunConfig(run_dir="x"))
+    for key in ("generate:", "concurrency: 64", "tokenize:", "merge:", "extract:", "train:", "ttt_steps: 7", "eval:"):
+        assert key in text
+
+
+def test_api_key_from_env_and_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("EYAS_TEST_KEY", "sk-secret-env")
+    assert resolve_api_key("EYAS_TEST_KEY", None) == "sk-secret-env"
+    key_file = tmp_path / "key"
+    key_file.write_text("sk-secret-file\n")
+    assert resolve_api_key(None, str(key_file)) == "sk-secret-file"
+
+
+def test_missing_api_key_error_never_shows_a_value(tmp_path, monkeypatch):
+    monkeypatch.delenv("EYAS_ABSENT_KEY", raising=False)
+    with pytest.raises(ConfigError, match="generate.api_key_env: environment variable EYAS_ABSENT_KEY is not set"):
+        resolve_api_key("EYAS_ABSENT_KEY", None)
+    with pytest.raises(ConfigError, match="generate.api_key_file: cannot read"):
+        resolve_api_key(None, str(tmp_path / "nope"))

@@ -1,0 +1,90 @@
+"""The local backend on the real embedded model: schema, true token ids, resume, crash safety."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from eyas import generate
+from eyas.config import load_config
+from eyas.generate.status import collect
+from eyas.generate.store import read_records
+from eyas.paths import RunPaths
+from tests.conftest import ROOT, write_jsonl
+
+QUESTIONS = ["What is 2+2?", "Name a color.", "Say hello.", "What is the capital of France?", "Count to three.", "Name a fruit."]
+
+
+def make_config(tmp_path, n=3, **generate_settings):
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": q} for q in QUESTIONS[:n]])
+    settings = {"backend": "local", "max_tokens": 12, "batch_size": 2, **generate_settings}
+    data = {
+        "run_dir": "run",
+        "target": {"model": "embedded", "device": "cpu"},
+        "datasets": [{"name": "qa", "source": "prompts.jsonl"}],
+        "generate": settings,
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_records_hold_true_token_ids_that_decode_to_content(tmp_path, tokenizer):
+    config = load_config(make_config(tmp_path, max_tokens=48))
+    generate.run(config, quiet=True)
+    records = list(read_records(RunPaths.of(config).generations("qa")))
+    assert len(records) == 3
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    reasons = set()
+    for r in records:
+        assert r.id == f"qa/{r.prompt_id}" and r.provider == "local" and r.usage.cost == 0.0
+        assert r.usage.completion_tokens == len(r.token_ids)
+        body = r.token_ids[:-1] if r.finish_reason == "stop" else r.token_ids
+        assert (r.token_ids[-1] == end) == (r.finish_reason == "stop")
+        assert tokenizer.decode(body, skip_special_tokens=False) == r.content
+        prompt_ids = tokenizer.apply_chat_template(r.messages, add_generation_prompt=True, tokenize=False)
+        assert r.usage.prompt_tokens == len(tokenizer.encode(prompt_ids, add_special_tokens=False))
+        reasons.add(r.finish_reason)
+    assert "stop" in reasons  # short factual answers end their turn within 48 tokens
+
+    before = RunPaths.of(config).generations("qa").read_bytes()
+    generate.run(config, quiet=True)
+    assert RunPaths.of(config).generations("qa").read_bytes() == before
+
+    (status,) = collect(config)
+    assert (status.prompts, status.done) == (3, 3)
+    assert status.completion_tokens == sum(r.usage.completion_tokens for r in records)
+
+
+def test_batched_greedy_matches_one_at_a_time(tmp_path):
+    a = load_config(make_config(tmp_path / "a", batch_size=3))
+    b = load_config(make_config(tmp_path / "b", batch_size=1))
+    generate.run(a, quiet=True)
+    generate.run(b, quiet=True)
+    ids = lambda c: {r.id: r.token_ids for r in read_records(RunPaths.of(c).generations("qa"))}
+    assert ids(a) == ids(b)
+
+
+@pytest.mark.slow
+def test_killed_run_restarts_with_exactly_one_record_per_prompt(tmp_path):
+    config_path = make_config(tmp_path, n=6, batch_size=1, max_tokens=16)
+    out = RunPaths.of(load_config(config_path)).generations("qa")
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "eyas", "generate", str(config_path), "--quiet"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    written = out.read_text().count("\n")
+    assert 2 <= written < 6, "the kill must land mid-run"
+
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    ids = [r.id for r in read_records(out)]
+    assert len(ids) == 6 and len(set(ids)) == 6
