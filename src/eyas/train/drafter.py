@@ -1,0 +1,187 @@
+"""The EAGLE-3 drafter: the module SGLang and vLLM load as ``LlamaForCausalLMEagle3``.
+
+Shape (names are the exported weight names):
+
+- ``embed_tokens``: the target's token embedding, frozen, never saved;
+- ``fc``: Linear(3·H_target → H) over the three concatenated aux hidden states;
+- ``midlayer``: one Llama decoder layer whose attention input is
+  ``cat(input_layernorm(embedding), hidden_norm(hidden))`` (width 2H) and whose residual is
+  the hidden stream, then the usual gated MLP;
+- ``norm`` and ``lm_head`` over the draft vocabulary; buffers ``d2t`` (draft id + d2t =
+  target id) and ``t2d`` (which target ids the draft vocabulary holds).
+
+The layer's output *before* ``norm`` is the hidden state fed back at the next drafting step.
+Two callers drive the layer: :meth:`Eagle3Drafter.unroll` (training-time test over whole
+sequences) and :class:`eyas.train.draft.DraftSession` (incremental, as servers run it); both
+go through :meth:`Midlayer.project` and :meth:`Midlayer.finish`, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from eyas.train.spec import DrafterSpec
+
+
+class Midlayer(nn.Module):
+    """The drafter's single decoder layer; attention math is left to the caller (masks differ)."""
+
+    def __init__(self, spec: DrafterSpec) -> None:
+        super().__init__()
+        h, d = spec.hidden_size, spec.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_attention_heads, spec.num_key_value_heads, d
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(2 * h, spec.num_attention_heads * d, bias=False)
+        self.self_attn.k_proj = nn.Linear(2 * h, spec.num_key_value_heads * d, bias=False)
+        self.self_attn.v_proj = nn.Linear(2 * h, spec.num_key_value_heads * d, bias=False)
+        self.self_attn.o_proj = nn.Linear(spec.num_attention_heads * d, h, bias=False)
+        self.mlp = LlamaMLP(spec.llama_config())
+        self.input_layernorm = LlamaRMSNorm(h, eps=spec.rms_norm_eps)
+        self.hidden_norm = LlamaRMSNorm(h, eps=spec.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=spec.rms_norm_eps)
+
+    def project(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Queries [B,heads,T,d] and rotated keys/values [B,kv_heads,T,d] for one drafting step."""
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        b, t, _ = x.shape
+        attn = self.self_attn
+        q = attn.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        return q, k, v
+
+    def finish(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+        """The layer's output hidden state (pre-norm) from the attention result [B,heads,T,d]."""
+        b, _, t, _ = attended.shape
+        hidden = hidden + self.self_attn.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Repeat grouped KV heads to match the query heads (GQA)."""
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
+
+
+def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, extra: list[tuple[torch.Tensor, torch.Tensor]]):
+    """Attention at TTT step ``len(extra)``: causal over step-0 keys, plus each row's own keys of steps 1..k.
+
+    Row t's step-k query sits at position t+k in serving; the positions t+1..t+k-1 between
+    exist only as row t's own speculative steps, which is why they are a diagonal, not a matrix.
+    """
+    heads, t = q.shape[1], q.shape[2]
+    scale = q.shape[-1] ** -0.5
+    scores = q @ expand_kv(k0, heads).transpose(-1, -2) * scale
+    causal = torch.ones(t, t, dtype=torch.bool, device=q.device).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    diag = [(q * expand_kv(k, heads)).sum(-1, keepdim=True) * scale for k, _ in extra]
+    probs = torch.softmax(torch.cat([scores, *diag], dim=-1).float(), dim=-1).to(q.dtype)
+    out = probs[..., :t] @ expand_kv(v0, heads)
+    for i, (_, v) in enumerate(extra):
+        out = out + probs[..., t + i : t + i + 1] * expand_kv(v, heads)
+    return out
+
+
+class Eagle3Drafter(nn.Module):
+    """EAGLE-3 draft model; see the module docstring for the shape."""
+
+    def __init__(self, spec: DrafterSpec, embedding: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.embed_tokens.requires_grad_(False)
+        if embedding is not None:
+            self.set_embedding(embedding)
+        self.fc = nn.Linear(3 * spec.target_hidden_size, spec.hidden_size, bias=False)
+        self.midlayer = Midlayer(spec)
+        self.norm = LlamaRMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.lm_head = nn.Linear(spec.hidden_size, spec.draft_vocab_size, bias=False)
+        self.rotary = LlamaRotaryEmbedding(spec.llama_config())
+        self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(spec.vocab_size, dtype=torch.bool))
+
+    def set_embedding(self, weight: torch.Tensor) -> None:
+        """Use the target's embedding (shared, not copied, when dtype and device already match)."""
+        if tuple(weight.shape) != (self.spec.vocab_size, self.spec.hidden_size):
+            raise ValueError(
+                f"target embedding is {tuple(weight.shape)}, the drafter needs "
+                f"({self.spec.vocab_size}, {self.spec.hidden_size})"
+            )
+        self.embed_tokens.weight = nn.Parameter(weight.detach().to(torch.float32), requires_grad=False)
+
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def rope(self, like: torch.Tensor, positions: torch.Tensor):
+        """cos/sin for ``positions`` [B,T] (the target's RoPE settings)."""
+        return self.rotary(like, positions)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits from a pre-norm hidden state."""
+        return self.lm_head(self.norm(hidden))
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def unroll(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> Iterator[torch.Tensor]:
+        """Training-time test over whole sequences: yield draft logits [B,T,V_draft] per step.
+
+        Step k, row t: the token x_{t+1+k}, RoPE position t+k, the hidden state is the
+        fused aux state at step 0 and the layer's own previous output after; its logits
+        predict the target's distribution at position t+1+k. Tokens past the end are 0
+        (their positions carry no loss).
+        """
+        b, t = input_ids.shape
+        hidden = self.fc(aux.to(self.fc.weight.dtype))
+        positions = torch.arange(t, device=input_ids.device).expand(b, t)
+        padded = F.pad(input_ids, (0, steps))
+        k0 = v0 = None
+        extra: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for step in range(steps):
+            embeds = self.embed_tokens(padded[:, 1 + step : 1 + step + t])
+            cos, sin = self.rope(embeds, positions + step)
+            q, k, v = self.midlayer.project(embeds, hidden, cos, sin)
+            if step == 0:
+                k0, v0 = k, v
+            else:
+                extra.append((k, v))
+            hidden = self.midlayer.finish(hidden, ttt_attention(q, k0, v0, extra))
+            yield self.logits(hidden)
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything that is saved: all weights and buffers except the target's embedding."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(("embed_tokens.", "rotary."))}
+
+    def save(self, directory: str | Path) -> None:
+        """Write ``config.json`` and ``model.safetensors`` in the SGLang/vLLM layout."""
+        from eyas.train.layout import save_sglang
+
+        save_sglang(self, Path(directory))
+
+    @classmethod
+    def load(cls, directory: str | Path, target_model) -> Eagle3Drafter:
+        """A drafter from a training checkpoint, ``train/final`` or an export (any format);
+        the embedding comes from ``target_model``."""
+        from eyas.train.layout import read_drafter
+
+        spec, weights = read_drafter(Path(directory))
+        drafter = cls(spec, target_model.get_input_embeddings().weight)
+        drafter.load_weights(weights, str(directory))
+        return drafter.to(target_model.get_input_embeddings().weight.device)
+
+    def load_weights(self, weights: dict[str, torch.Tensor], source: str) -> None:
+        expected = set(self.trainable_state_dict())
+        missing, unexpected = expected - set(weights), set(weights) - expected
+        if missing or unexpected:
+            raise ValueError(
+                f"{source}: drafter weights do not match the config"
+                f" (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
+            )
+        self.load_state_dict(weights, strict=False)

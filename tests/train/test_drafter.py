@@ -1,0 +1,53 @@
+"""Drafter shapes for the embedded default and save/load round trips."""
+
+from __future__ import annotations
+
+import torch
+
+from eyas.config import TrainConfig
+from eyas.extract.capture import default_aux_layers
+from eyas.train.drafter import Eagle3Drafter
+from eyas.train.spec import spec_for_target
+from tests.train.helpers import small_drafter
+
+
+def test_default_shapes_for_embedded_target(model):
+    spec = spec_for_target(model.config, TrainConfig(), default_aux_layers(30), draft_vocab_size=32000)
+    drafter = Eagle3Drafter(spec, model.get_input_embeddings().weight)
+    shapes = {k: tuple(v.shape) for k, v in drafter.trainable_state_dict().items()}
+    assert shapes == {
+        "fc.weight": (576, 1728),
+        "midlayer.self_attn.q_proj.weight": (576, 1152),
+        "midlayer.self_attn.k_proj.weight": (192, 1152),
+        "midlayer.self_attn.v_proj.weight": (192, 1152),
+        "midlayer.self_attn.o_proj.weight": (576, 576),
+        "midlayer.mlp.gate_proj.weight": (1536, 576),
+        "midlayer.mlp.up_proj.weight": (1536, 576),
+        "midlayer.mlp.down_proj.weight": (576, 1536),
+        "midlayer.input_layernorm.weight": (576,),
+        "midlayer.hidden_norm.weight": (576,),
+        "midlayer.post_attention_layernorm.weight": (576,),
+        "norm.weight": (576,),
+        "lm_head.weight": (32000, 576),
+        "d2t": (32000,),
+        "t2d": (49152,),
+    }
+    assert spec.aux_layers == (1, 14, 26)
+    assert spec.rope_parameters["rope_theta"] == 100000.0
+    assert not drafter.embed_tokens.weight.requires_grad
+    aux = torch.randn(2, 5, 3 * 576)
+    ids = torch.randint(0, 49152, (2, 5))
+    logits = list(drafter.unroll(aux, ids, steps=2))
+    assert [tuple(x.shape) for x in logits] == [(2, 5, 32000)] * 2
+
+
+def test_save_load_round_trip(model, tmp_path):
+    drafter = small_drafter(model)
+    drafter.save(tmp_path)
+    loaded = Eagle3Drafter.load(tmp_path, model).eval()
+    aux = torch.randn(1, 6, 3 * 576)
+    ids = torch.randint(0, 49152, (1, 6))
+    with torch.no_grad():
+        for a, b in zip(drafter.unroll(aux, ids, 3), loaded.unroll(aux, ids, 3)):
+            assert torch.equal(a, b)
+    assert torch.equal(loaded.d2t, drafter.d2t) and torch.equal(loaded.t2d, drafter.t2d)
