@@ -61,6 +61,14 @@ def generate(config: ConfigArg, quiet: QuietOpt = False) -> None:
 
 
 @app.command()
+def merge(config: ConfigArg, quiet: QuietOpt = False) -> None:
+    """Stage 4: merge and shuffle every tokenized dataset; hold out the eval split."""
+    from eyas import merge as stage
+
+    stage.run(_open_run(config, quiet), quiet)
+
+
+@app.command()
 def status(config: ConfigArg) -> None:
     """Per dataset: prompts, records done, completion tokens, finish reasons."""
     from eyas.generate.status import collect, table

@@ -205,6 +205,8 @@ class MergeConfig(Section):
     """What to do with samples longer than max_seq_len."""
     shard_samples: int = Field(default=10_000, ge=1)
     """Samples per output Parquet file."""
+    bucket_mb: int = Field(default=256, ge=1)
+    """Size of one shuffle bucket held in memory at a time; peak RAM is a small multiple of it."""
 
 
 class ExtractConfig(Section):

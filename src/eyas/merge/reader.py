@@ -58,15 +58,11 @@ def read_rows(paths: RunPaths, split: str, start: int, stop: int, columns: list[
     rows: list[dict] = []
     offset = 0
     for path in split_files(paths, split):
-        meta = pq.ParquetFile(path).metadata
         if offset >= stop:
             break
-        if offset + meta.num_rows <= start:
-            offset += meta.num_rows
-            continue
         file = pq.ParquetFile(path)
-        for g in range(meta.num_rows and meta.num_row_groups):
-            n = meta.row_group(g).num_rows
+        for g in range(file.metadata.num_row_groups):
+            n = file.metadata.row_group(g).num_rows
             lo, hi = max(start - offset, 0), min(stop - offset, n)
             if lo < hi:
                 rows.extend(file.read_row_group(g, columns=columns).slice(lo, hi - lo).to_pylist())

@@ -1,0 +1,228 @@
+"""The merge itself: scan every tokenized dataset, plan each sample's fate, shuffle, write.
+
+Two reads of the input. The scan reads only ids and loss masks and keeps a few numbers per
+sample; the plan (pure, :mod:`eyas.merge.plan`) decides split, copies and drops from them;
+the second read streams full rows through the bucketed shuffle (:mod:`eyas.merge.shuffle`).
+Output goes to ``merge.tmp/`` and replaces ``merge/`` only when complete, so readers never
+see half a corpus and an interrupted merge leaves the previous one intact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from eyas.config import ConfigError, DatasetConfig, RunConfig
+from eyas.merge import plan
+from eyas.merge.shuffle import Buckets, SplitWriter
+from eyas.merge.stats import DROP_REASONS, SplitStats
+from eyas.paths import RunPaths
+from eyas.records import SCHEMA_VERSION, TOKENIZED_COLUMNS, tokenized_arrow_schema
+
+log = logging.getLogger(__name__)
+
+READ_BATCH_ROWS = 1024
+BYTES_PER_TOKEN = 5
+"""int32 id + uint8 mask: the in-memory size of a token in a bucket."""
+
+
+@dataclass
+class Scan:
+    """What the first read learns about one dataset, a few numbers per sample."""
+
+    dataset: DatasetConfig
+    path: Path
+    ids: list[str] = field(default_factory=list)
+    lengths: list[np.ndarray] = field(default_factory=list)
+    trainable: list[np.ndarray] = field(default_factory=list)
+    too_long: list[np.ndarray] = field(default_factory=list)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        def cat(parts, dtype):
+            return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+        return cat(self.lengths, np.int64), cat(self.trainable, np.int64), cat(self.too_long, bool)
+
+
+@dataclass
+class Placement:
+    """Where one dataset's samples go: parallel arrays over output rows, sorted by input row."""
+
+    rows: np.ndarray
+    copies: np.ndarray
+    ids: list[str]
+    keys: np.ndarray
+    is_eval: np.ndarray
+
+
+def input_path(paths: RunPaths, dataset: DatasetConfig) -> Path:
+    path = paths.tokenized(dataset.name)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no tokenized data for dataset {dataset.name!r}; run `eyas tokenize CONFIG` first")
+    names = set(pq.read_schema(path).names)
+    missing = [c for c in TOKENIZED_COLUMNS if c not in names]
+    if missing:
+        raise ConfigError(f"{path}: not a tokenize output (missing columns: {', '.join(missing)})")
+    return path
+
+
+def scan(dataset: DatasetConfig, path: Path, max_seq_len: int | None) -> Scan:
+    result = Scan(dataset, path)
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_BATCH_ROWS, columns=["id", "loss_mask", "input_ids"]):
+        ids, masks, tokens = batch.column(0), batch.column(1), batch.column(2)
+        bad = pc.not_equal(pc.list_value_length(masks), pc.list_value_length(tokens))
+        if pc.any(bad).as_py():
+            row = len(result.ids) + pc.index(bad, True).as_py()
+            raise ConfigError(f"{path}: row {row}: loss_mask and input_ids differ in length")
+        kept, trainable, too_long = plan.kept_lengths(masks, max_seq_len)
+        result.ids.extend(ids.to_pylist())
+        result.lengths.append(kept)
+        result.trainable.append(trainable)
+        result.too_long.append(too_long)
+    return result
+
+
+def place(s: Scan, held_out: set[str], config: RunConfig, dropped: dict[str, int]) -> Placement:
+    """Apply the plan to one dataset; ``dropped`` counts every sample left out and why."""
+    seed, m = config.merge.seed, config.merge
+    lengths, trainable, too_long = s.arrays()
+    rows, ks, ids, keys, is_eval = [], [], [], [], []
+    for row, sample_id in enumerate(s.ids):
+        if too_long[row] and m.overflow == "drop":
+            dropped["too_long"] += 1
+            continue
+        if trainable[row] == 0:
+            dropped["no_trainable"] += 1
+            continue
+        evaluating = plan.base_prompt_id(sample_id) in held_out
+        n = 1 if evaluating else plan.copies(s.dataset.weight, seed, sample_id)
+        if n == 0:
+            dropped["weight"] += 1
+        for k in range(n):
+            out_id = plan.copy_id(sample_id, k)
+            rows.append(row), ks.append(k), ids.append(out_id), is_eval.append(evaluating)
+            keys.append(plan.order_key(seed, out_id))
+    placement = Placement(np.array(rows, np.int64), np.array(ks, np.int64), ids, np.array(keys, np.uint64), np.array(is_eval, bool))
+    cutoff = plan.budget_cutoff(placement.keys[~placement.is_eval], lengths[placement.rows[~placement.is_eval]], s.dataset.max_tokens)
+    if cutoff is not None:
+        keep = placement.is_eval | (placement.keys.astype(object) <= cutoff)
+        keep = keep.astype(bool)
+        dropped["max_tokens"] += int((~keep).sum())
+        placement = Placement(placement.rows[keep], placement.copies[keep], [i for i, k in zip(ids, keep) if k], placement.keys[keep], placement.is_eval[keep])
+    return placement
+
+
+def _output_rows(batch: pa.RecordBatch, first_row: int, p: Placement, max_seq_len: int | None) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """The batch's rows as they will be written (copies, new ids, truncation), their keys and splits."""
+    lo, hi = np.searchsorted(p.rows, [first_row, first_row + batch.num_rows])
+    local = p.rows[lo:hi] - first_row
+    table = pa.Table.from_batches([batch]).take(pa.array(local))
+    table = table.set_column(table.schema.get_field_index("id"), "id", pa.array(p.ids[lo:hi], pa.string()))
+    if max_seq_len is not None:
+        lengths = pc.list_value_length(table.column("input_ids")).to_numpy()
+        cut = lengths > max_seq_len
+        if cut.any():
+            for name in ("input_ids", "loss_mask"):
+                column = pc.list_slice(table.column(name), 0, max_seq_len)
+                table = table.set_column(table.schema.get_field_index(name), name, column.cast(table.schema.field(name).type))
+            table = table.set_column(table.schema.get_field_index("num_tokens"), "num_tokens", pa.array(np.minimum(lengths, max_seq_len), pa.int64()))
+            flags = [f + ["truncated"] if c else f for f, c in zip(table.column("flags").to_pylist(), cut)]
+            table = table.set_column(table.schema.get_field_index("flags"), "flags", pa.array(flags, pa.list_(pa.string())))
+    return table, p.keys[lo:hi], p.is_eval[lo:hi]
+
+
+def merge(config: RunConfig, bucket_bytes: int) -> dict:
+    """Merge every non-dropped dataset into ``merge/``; returns the stats also written to stats.json."""
+    paths = RunPaths.of(config)
+    m = config.merge
+    datasets = [d for d in config.datasets if not d.drop]
+    if not datasets:
+        raise ConfigError("datasets: nothing to merge (no datasets, or all have drop: true)")
+    scans = [scan(d, input_path(paths, d), m.max_seq_len) for d in datasets]
+
+    prompts = {plan.base_prompt_id(i) for s in scans for i in s.ids}
+    k = plan.eval_count(len(prompts), m.eval_fraction, m.eval_count)
+    if k > len(prompts):
+        raise ConfigError(f"merge.eval_count: {k} is more than the {len(prompts)} prompt ids in the corpus")
+    held_out = plan.select_eval(prompts, m.seed, k)
+
+    schema = tokenized_arrow_schema()
+    tmp = paths.root / "merge.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    stats: dict = {"schema_version": SCHEMA_VERSION, "seed": m.seed, "max_seq_len": m.max_seq_len, "overflow": m.overflow,
+                   "eval_prompts": len(held_out), "datasets": {}}
+    placements = []
+    for s in scans:
+        dropped = dict.fromkeys(DROP_REASONS, 0)
+        p = place(s, held_out, config, dropped)
+        placements.append(p)
+        lengths, trainable, too_long = s.arrays()
+        entry = {}
+        for split, mask in (("train", ~p.is_eval), ("eval", p.is_eval)):
+            part = SplitStats()
+            part.add(lengths[p.rows[mask]], trainable[p.rows[mask]], too_long[p.rows[mask]])
+            entry[split] = part
+        stats["datasets"][s.dataset.name] = {"source": str(s.path), "weight": s.dataset.weight, **{k: v.to_json() for k, v in entry.items()}, "dropped": dropped}
+
+    total_tokens = sum(int(s.arrays()[0][p.rows].sum()) for s, p in zip(scans, placements))
+    count = plan.bucket_count(total_tokens * BYTES_PER_TOKEN, bucket_bytes)
+    flush = max(1 << 20, bucket_bytes // (4 * count))
+    buckets = {split: Buckets(tmp / "buckets", split, count, schema, flush) for split in ("train", "eval")}
+    for s, p in zip(scans, placements):
+        first = 0
+        for batch in pq.ParquetFile(s.path).iter_batches(batch_size=READ_BATCH_ROWS, columns=list(TOKENIZED_COLUMNS)):
+            table, keys, is_eval = _output_rows(batch.cast(schema), first, p, m.max_seq_len)
+            first += batch.num_rows
+            for split, mask in (("train", ~is_eval), ("eval", is_eval)):
+                if mask.any():
+                    buckets[split].add(table.filter(pa.array(mask)), keys[mask])
+    for split, b in buckets.items():
+        b.close()
+        writer = SplitWriter(tmp, split, m.shard_samples, schema)
+        for table in b.sorted_tables():
+            writer.write(table)
+        writer.close()
+    shutil.rmtree(tmp / "buckets")
+
+    for split in ("train", "eval"):
+        total = SplitStats()
+        for entry in stats["datasets"].values():
+            e = entry[split]
+            total.samples += e["samples"]
+            total.tokens += e["tokens"]
+            total.trainable_tokens += e["trainable_tokens"]
+            total.truncated += e["truncated"]
+        stats[split] = {**total.to_json(), "length_histogram": _sum_histograms(e[split]["length_histogram"] for e in stats["datasets"].values())}
+    stats["dropped"] = {r: sum(e["dropped"][r] for e in stats["datasets"].values()) for r in DROP_REASONS}
+    (tmp / "stats.json").write_text(json.dumps(stats, indent=2))
+    _replace(tmp, paths.merge_dir)
+    return stats
+
+
+def _sum_histograms(histograms) -> list[dict]:
+    merged: dict[int, dict] = {}
+    for histogram in histograms:
+        for row in histogram:
+            slot = merged.setdefault(row["lo"], {**row, "samples": 0, "tokens": 0})
+            slot["samples"] += row["samples"]
+            slot["tokens"] += row["tokens"]
+    return [merged[lo] for lo in sorted(merged)]
+
+
+def _replace(new: Path, old: Path) -> None:
+    """Swap the finished output in; stats.json inside it is the completion marker readers check."""
+    trash = old.with_name(old.name + ".old")
+    shutil.rmtree(trash, ignore_errors=True)
+    if old.exists():
+        old.rename(trash)
+    new.rename(old)
+    shutil.rmtree(trash, ignore_errors=True)

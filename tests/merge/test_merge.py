@@ -1,0 +1,123 @@
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from eyas import merge
+from eyas.config import ConfigError, RunConfig
+from eyas.merge.plan import base_prompt_id
+from eyas.merge.reader import iter_split, read_rows, split_files, split_lengths
+from eyas.paths import RunPaths
+from eyas.records import TOKENIZED_COLUMNS
+from tests.corpus import write_tokenized
+
+
+def make_run(tmp_path, corpus_rows, datasets=None, **merge_cfg):
+    paths = RunPaths(tmp_path / "run")
+    for name, rows in corpus_rows.items():
+        write_tokenized(paths.tokenized(name), rows)
+    datasets = datasets or [{"name": n, "source": "unused.jsonl"} for n in corpus_rows]
+    return RunConfig.model_validate({"run_dir": str(paths.root), "datasets": datasets, "merge": merge_cfg}), paths
+
+
+def test_merge_writes_shuffled_splits_stats_and_holds_out_by_prompt(tmp_path, corpus_rows):
+    config, paths = make_run(tmp_path, corpus_rows, eval_count=2, shard_samples=5)
+    stats = merge.run(config, quiet=True)
+    train, held_out = list(iter_split(paths, "train")), list(iter_split(paths, "eval"))
+    assert [f.name for f in split_files(paths, "train")] == ["train-00000.parquet", "train-00001.parquet", "train-00002.parquet"]
+    assert set(train[0]) == set(TOKENIZED_COLUMNS)
+    # Prompt "p3" in chat and math is one prompt: held out on both datasets or on neither.
+    eval_prompts = {base_prompt_id(r["id"]) for r in held_out}
+    assert len(eval_prompts) == 2 and len(held_out) == 4
+    assert not eval_prompts & {base_prompt_id(r["id"]) for r in train}
+    assert len(train) + len(held_out) == 16
+    source = {r["id"]: r for rows in corpus_rows.values() for r in rows}
+    for r in train + held_out:
+        assert r["input_ids"] == source[r["id"]]["input_ids"] and r["loss_mask"] == source[r["id"]]["loss_mask"]
+    assert [r["id"] for r in train] != sorted(r["id"] for r in train)  # shuffled, not file order
+    on_disk = json.loads((paths.merge_dir / "stats.json").read_text())
+    assert on_disk == json.loads(json.dumps(stats))
+    assert stats["train"]["samples"] == 12 and stats["train"]["tokens"] == sum(len(r["input_ids"]) for r in train)
+    assert stats["train"]["trainable_tokens"] == sum(sum(r["loss_mask"]) for r in train)
+    assert sum(b["samples"] for b in stats["train"]["length_histogram"]) == 12
+    assert split_lengths(paths, "train") == [len(r["input_ids"]) for r in train]
+    assert read_rows(paths, "train", 4, 7) == train[4:7]
+    assert not (paths.root / "merge.tmp").exists()
+
+
+def test_same_seed_same_order_other_seed_other_order_whatever_the_bucket_size(tmp_path, corpus_rows):
+    config, paths = make_run(tmp_path, corpus_rows, seed=1)
+    merge.run(config, quiet=True)
+    first = [r["id"] for r in iter_split(paths, "train")]
+    # One-byte buckets force one bucket per key range: the order must not change.
+    merge.run(config.model_copy(update={"merge": config.merge.model_copy(update={"bucket_mb": 1})}), quiet=True)
+    assert [r["id"] for r in iter_split(paths, "train")] == first
+    merge.run(config.model_copy(update={"merge": config.merge.model_copy(update={"seed": 2})}), quiet=True)
+    assert [r["id"] for r in iter_split(paths, "train")] != first
+
+
+def test_truncate_keeps_masks_aligned_and_drop_counts(tmp_path, corpus_rows):
+    prompt_len = corpus_rows["chat"][0]["loss_mask"].index(1)
+    config, paths = make_run(tmp_path, corpus_rows, eval_fraction=0.0, max_seq_len=prompt_len + 2)
+    stats = merge.run(config, quiet=True)
+    source = {r["id"]: r for rows in corpus_rows.values() for r in rows}
+    rows = list(iter_split(paths, "train"))
+    for r in rows:
+        full = source[r["id"]]
+        n = len(r["input_ids"])
+        assert n <= prompt_len + 2 and r["num_tokens"] == n
+        assert r["input_ids"] == full["input_ids"][:n] and r["loss_mask"] == full["loss_mask"][:n]
+        assert ("truncated" in r["flags"]) == (len(full["input_ids"]) > n)
+    # Samples whose prompt alone fills the cap have nothing left to train on: dropped, counted.
+    no_trainable = sum(1 for r in source.values() if 1 not in r["loss_mask"][: prompt_len + 2])
+    assert stats["dropped"]["no_trainable"] == no_trainable == 16 - len(rows)
+
+    config, paths = make_run(tmp_path, corpus_rows, eval_fraction=0.0, max_seq_len=prompt_len + 2, overflow="drop")
+    stats = merge.run(config, quiet=True)
+    assert all(len(r["input_ids"]) <= prompt_len + 2 for r in iter_split(paths, "train"))
+    assert stats["dropped"]["too_long"] == sum(1 for r in source.values() if len(r["input_ids"]) > prompt_len + 2)
+
+
+def test_weights_budgets_and_dropped_datasets(tmp_path, corpus_rows):
+    budget = sum(len(r["input_ids"]) for r in corpus_rows["math"][:3])
+    datasets = [
+        {"name": "chat", "source": "x.jsonl", "weight": 2.0},
+        {"name": "math", "source": "x.jsonl", "max_tokens": budget},
+    ]
+    config, paths = make_run(tmp_path, corpus_rows, datasets=datasets, eval_fraction=0.0)
+    stats = merge.run(config, quiet=True)
+    rows = list(iter_split(paths, "train"))
+    chat = [r["id"] for r in rows if r["dataset"] == "chat"]
+    assert len(chat) == 16 and len(set(chat)) == 16 and sum(i.endswith("@1") for i in chat) == 8
+    math_tokens = sum(r["num_tokens"] for r in rows if r["dataset"] == "math")
+    assert 0 < math_tokens <= budget
+    assert stats["datasets"]["math"]["dropped"]["max_tokens"] == 8 - sum(r["dataset"] == "math" for r in rows)
+
+    datasets = [{"name": "chat", "source": "x.jsonl", "weight": 0.5}, {"name": "math", "source": "x.jsonl", "drop": True}]
+    config, paths = make_run(tmp_path, corpus_rows, datasets=datasets, eval_fraction=0.0)
+    stats = merge.run(config, quiet=True)
+    assert {r["dataset"] for r in iter_split(paths, "train")} == {"chat"}
+    assert stats["train"]["samples"] + stats["dropped"]["weight"] == 8 and "math" not in stats["datasets"]
+
+
+def test_bad_inputs_are_errors_that_name_the_file(tmp_path, corpus_rows):
+    config, paths = make_run(tmp_path, {"chat": corpus_rows["chat"]}, datasets=[{"name": "chat", "source": "x.jsonl"}, {"name": "gone", "source": "x.jsonl"}])
+    with pytest.raises(ConfigError, match=r"tokenize/gone\.parquet: no tokenized data"):
+        merge.run(config, quiet=True)
+    with pytest.raises(ConfigError, match="run `eyas merge CONFIG` first"):
+        list(iter_split(paths, "train"))
+    rows = [dict(r) for r in corpus_rows["chat"]]
+    rows[3]["loss_mask"] = rows[3]["loss_mask"][:-1]
+    write_tokenized(paths.tokenized("chat"), rows)
+    config = config.model_copy(update={"datasets": config.datasets[:1]})
+    with pytest.raises(ConfigError, match=r"chat\.parquet: row 3: loss_mask and input_ids differ"):
+        merge.run(config, quiet=True)
+    write_tokenized(paths.tokenized("chat"), corpus_rows["chat"])
+    with pytest.raises(ConfigError, match="merge.eval_count: 99 is more than the 8 prompt ids"):
+        merge.run(config.model_copy(update={"merge": config.merge.model_copy(update={"eval_count": 99})}), quiet=True)
+
+
+def test_row_groups_are_small_so_ranges_read_little(tmp_path, corpus_rows):
+    config, paths = make_run(tmp_path, corpus_rows)
+    merge.run(config, quiet=True)
+    assert pq.ParquetFile(split_files(paths, "train")[0]).metadata.row_group(0).num_rows <= 1024
