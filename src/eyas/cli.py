@@ -10,6 +10,7 @@ import typer
 
 from eyas.config import ConfigError, RunConfig, dump_config, load_config
 from eyas.console import console, setup_logging
+from eyas.generate.http.errors import RunStopped
 from eyas.jsonl import JsonlError
 from eyas.paths import RunPaths
 
@@ -69,11 +70,51 @@ def merge(config: ConfigArg, quiet: QuietOpt = False) -> None:
 
 
 @app.command()
+def tokenize(
+    config: ConfigArg,
+    verify_ids: Annotated[
+        bool, typer.Option("--verify-ids", help="Compare the rebuild with the sampled token_ids where records carry them.")
+    ] = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Stage 3: rebuild exact token ids and loss masks, checked against billing."""
+    from eyas import tokenize as stage
+
+    stage.run(_open_run(config, quiet), quiet, verify_ids=verify_ids)
+
+
+@app.command()
 def status(config: ConfigArg) -> None:
     """Per dataset: prompts, records done, completion tokens, finish reasons."""
     from eyas.generate.status import collect, table
 
     console.print(table(collect(_open_run(config, quiet=True))))
+
+
+@app.command()
+def providers(
+    model: Annotated[str, typer.Argument(help="Model as the API names it, e.g. moonshotai/kimi-k2.5.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    config: Annotated[Path | None, typer.Option("--config", help="Run config whose provider policy is applied.")] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="API base URL (default: the config's, else OpenRouter).")] = None,
+) -> None:
+    """List a model's endpoints (price, quantization, speed) and which pass the provider policy."""
+    from eyas.generate.http.commands import providers_command
+
+    setup_logging(None, quiet=True)
+    providers_command(model, config, base_url, as_json)
+
+
+@app.command()
+def plan(
+    config: ConfigArg,
+    apply: Annotated[bool, typer.Option("--apply", help="Write the proposed output_token_target values into CONFIG.")] = False,
+) -> None:
+    """Project generation cost per dataset against generate.budget_usd; propose targets that fit."""
+    from eyas.generate.http.commands import plan_command
+
+    setup_logging(None, quiet=True)
+    plan_command(config, apply)
 
 
 @app.command()
@@ -93,6 +134,10 @@ def main() -> None:
     except (ConfigError, JsonlError) as e:
         console.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
         sys.exit(EXIT_BAD_INPUT)
+    except RunStopped as e:
+        # Credits exhausted (3), budget reached (4), requests rejected (5): see eyas.generate.http.errors.
+        console.print(f"[bold red]stopped:[/] {e}", markup=True, highlight=False)
+        sys.exit(e.exit_code)
     except KeyboardInterrupt:
         console.print("interrupted; finished work is saved, rerun the same command to resume")
         sys.exit(130)

@@ -168,6 +168,10 @@ class GenerateConfig(Section):
     """Prices to budget with when the server has no endpoints listing."""
     max_attempts: int = Field(default=8, ge=1)
     """Attempts per request before it goes to the errors file."""
+    retry_base_s: float = Field(default=1.0, gt=0.0)
+    """Backoff cap of the first retry in seconds; doubles per attempt (full jitter below it)."""
+    retry_max_s: float = Field(default=60.0, gt=0.0)
+    """Largest backoff cap in seconds (a longer Retry-After is still honoured)."""
     request_timeout_s: float | None = Field(default=None, gt=0.0)
     """Total time limit for one request; None means no total cap (long reasoning)."""
     read_timeout_s: float = Field(default=600.0, gt=0.0)

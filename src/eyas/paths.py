@@ -31,7 +31,8 @@ class RunPaths:
 
     @property
     def ledger(self) -> Path:
-        return self.generate_dir / "ledger.json"
+        """Spending journal of the HTTP backend (reservations, spend, per dataset and provider)."""
+        return self.generate_dir / "ledger.jsonl"
 
     @property
     def tokenize_dir(self) -> Path:
@@ -39,6 +40,10 @@ class RunPaths:
 
     def tokenized(self, dataset: str) -> Path:
         return self.tokenize_dir / f"{dataset}.parquet"
+
+    @property
+    def tokenize_report(self) -> Path:
+        return self.tokenize_dir / "report.json"
 
     @property
     def merge_dir(self) -> Path:

@@ -1,0 +1,151 @@
+"""The spending ledger: a hard dollar cap that survives crashes and restarts.
+
+Before a request is launched its worst-case cost is *reserved* (estimated prompt tokens ×
+prompt price + ``max_tokens`` × completion price, at the most expensive price the provider
+policy allows); nothing is launched if spent + reserved would pass ``generate.budget_usd``.
+When the answer arrives its real ``usage.cost`` replaces the reservation.
+
+The ledger is a journal, ``<run_dir>/generate/ledger.jsonl``: one line per reserve, spend
+and release, appended and flushed as it happens (a killed process loses nothing the OS
+has). On open the journal is replayed; reservations never closed belong to requests that
+were in flight at a crash. They may have been billed, so they are reported as *possibly
+spent* and kept counting against the budget. The replayed state is then compacted into one
+snapshot line (written to a temporary file, then renamed over the journal).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from eyas.jsonl import DurableAppender, read_jsonl, recover
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """USD per token; what the budget reserves with."""
+
+    prompt: float
+    completion: float
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return prompt_tokens * self.prompt + completion_tokens * self.completion
+
+    @classmethod
+    def per_million(cls, prompt: float, completion: float) -> Pricing:
+        return cls(prompt / 1e6, completion / 1e6)
+
+
+def estimate_prompt_tokens(messages: list[dict], tools: list | None = None) -> int:
+    """A deliberately high estimate without the target's tokenizer: one token per 3 UTF-8 bytes.
+
+    English averages ~4 bytes per token, so this over-reserves a little; reserving too
+    little is what could break the cap.
+    """
+    size = sum(len(json.dumps(m, ensure_ascii=False).encode()) for m in messages)
+    if tools:
+        size += len(json.dumps(tools, ensure_ascii=False).encode())
+    return size // 3 + 8 * len(messages)
+
+
+class Ledger:
+    """Spend, reservations and crash leftovers, per dataset and per provider."""
+
+    def __init__(self, path: Path, budget_usd: float | None):
+        self.path = path
+        self.budget_usd = budget_usd
+        self.spent = 0.0
+        self.possibly_spent = 0.0
+        self.by_dataset: dict[str, float] = defaultdict(float)
+        self.by_provider: dict[str, float] = defaultdict(float)
+        self.reserved: dict[str, float] = {}
+        self.reserved_total = 0.0
+        leftovers = self._replay()
+        if leftovers:
+            log.warning(
+                "ledger: %d requests were in flight when an earlier run stopped; their reserved $%.4f "
+                "is counted as possibly spent", len(leftovers), sum(leftovers.values()),
+            )
+        self._compact()
+        self._journal = DurableAppender(path)
+
+    def _replay(self) -> dict[str, float]:
+        if not self.path.exists():
+            return {}
+        recover(self.path)
+        open_: dict[str, float] = {}
+        for _, e in read_jsonl(self.path):
+            kind = e.get("e")
+            if kind == "snapshot":
+                self.spent, self.possibly_spent = e["spent"], e["possibly_spent"]
+                self.by_dataset.update(e["by_dataset"])
+                self.by_provider.update(e["by_provider"])
+            elif kind == "reserve":
+                open_[e["id"]] = e["usd"]
+            elif kind == "spend":
+                open_.pop(e["id"], None)
+                self._add_spend(e["usd"], e["dataset"], e["provider"])
+            elif kind == "release":
+                open_.pop(e["id"], None)
+        self.possibly_spent += sum(open_.values())
+        return open_
+
+    def _compact(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        snapshot = {
+            "e": "snapshot", "spent": self.spent, "possibly_spent": self.possibly_spent,
+            "by_dataset": dict(self.by_dataset), "by_provider": dict(self.by_provider),
+        }
+        with tmp.open("w", encoding="utf-8") as f:
+            f.write(json.dumps(snapshot) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+
+    def _add_spend(self, usd: float, dataset: str, provider: str) -> None:
+        self.spent += usd
+        self.by_dataset[dataset] += usd
+        self.by_provider[provider] += usd
+
+    @property
+    def committed(self) -> float:
+        """Money that is gone or may be: spent, possibly spent at a crash, and reserved in flight."""
+        return self.spent + self.possibly_spent + self.reserved_total
+
+    def fits(self, usd: float) -> bool:
+        return self.budget_usd is None or self.committed + usd <= self.budget_usd + 1e-12
+
+    def reserve(self, key: str, usd: float) -> bool:
+        """Hold ``usd`` for request ``key``; False (and nothing held) when it would pass the budget."""
+        if not self.fits(usd):
+            return False
+        self.reserved[key] = usd
+        self.reserved_total += usd
+        self._journal.write_json({"e": "reserve", "id": key, "usd": usd})
+        return True
+
+    def _unreserve(self, key: str) -> None:
+        self.reserved_total -= self.reserved.pop(key, 0.0)
+        if not self.reserved:
+            self.reserved_total = 0.0  # drop accumulated float error whenever nothing is in flight
+
+    def spend(self, key: str, usd: float, dataset: str, provider: str) -> None:
+        """The request's real cost arrived: it replaces the reservation."""
+        self._unreserve(key)
+        self._add_spend(usd, dataset, provider)
+        self._journal.write_json({"e": "spend", "id": key, "usd": usd, "dataset": dataset, "provider": provider})
+
+    def release(self, key: str) -> None:
+        """The request ended without a bill (failed, or never sent)."""
+        self._unreserve(key)
+        self._journal.write_json({"e": "release", "id": key})
+
+    def close(self) -> None:
+        self._journal.close()

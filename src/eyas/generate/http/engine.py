@@ -1,0 +1,318 @@
+"""The async runner: stream prompts in, keep ``concurrency`` requests in flight, stream records out.
+
+One feeder coroutine walks the datasets' prompts and launches a task per prompt, after
+taking a slot (:mod:`.slots`), checking the dataset's output-token target and reserving
+the worst-case cost in the ledger (:mod:`.budget`). Every launched request ends in exactly
+one *outcome* — a record, an error line, or "dropped" when the run stops — put on a queue
+that one writer task owns: it writes the record (durable before it counts), settles the
+ledger and updates the counters. Later turns of multi-turn conversations wait, parked, until
+the turn before them is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from eyas.config import DatasetConfig, RunConfig
+from eyas.generate.http.budget import Ledger, Pricing, estimate_prompt_tokens
+from eyas.generate.http.client import Transport
+from eyas.generate.http.errlog import ErrorLog
+from eyas.generate.http.errors import BudgetReached, Cause, CreditsExhausted, RequestFailure, RequestRejected, RunStopped
+from eyas.generate.http.providers import provider_object
+from eyas.generate.http.response import Reply
+from eyas.generate.http.retry import RetryPolicy
+from eyas.generate.http.servers import ServerPool
+from eyas.generate.http.slots import Slots
+from eyas.generate.store import DatasetProgress, RecordWriter, conversation_for, make_record
+from eyas.paths import RunPaths
+from eyas.prompts import iter_prompts
+from eyas.records import GenerationRecord, PromptRecord, Usage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DatasetRun:
+    """One dataset's files and counters during a run."""
+
+    config: DatasetConfig
+    progress: DatasetProgress
+    writer: RecordWriter
+    errors: ErrorLog
+    pending: int
+    """Prompts not done at start (what is left if no target stops it earlier)."""
+    in_flight: int = 0
+    records: int = 0
+    tokens: int = 0
+    failed: int = 0
+    truncated: int = 0
+    parked: dict[str, PromptRecord] = field(default_factory=dict)
+    """Later turns waiting for the turn before them, keyed by that turn's prompt id."""
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    def expected_tokens(self, max_tokens: int) -> float:
+        """Completion tokens one request is expected to produce: the mean so far, else max_tokens."""
+        n = len(self.progress.done)
+        return self.progress.completion_tokens / n if n else float(max_tokens)
+
+    def target_reached(self, max_tokens: int) -> bool:
+        target = self.config.output_token_target
+        if target is None:
+            return False
+        return self.progress.completion_tokens + self.in_flight * self.expected_tokens(max_tokens) >= target
+
+
+@dataclass
+class Outcome:
+    dataset: DatasetRun
+    key: str
+    record: GenerationRecord | None = None
+    cost: float = 0.0
+    error: dict[str, Any] | None = None
+
+
+def request_template(config: RunConfig) -> dict[str, Any]:
+    """The fields every request shares; messages and tools are added per prompt."""
+    g = config.generate
+    body: dict[str, Any] = {"model": g.model, "max_tokens": g.max_tokens, "temperature": g.temperature, "top_p": g.top_p, "seed": g.seed}
+    if g.stop:
+        body["stop"] = list(g.stop)
+    if g.reasoning is not None:
+        body["reasoning"] = g.reasoning.model_dump(exclude_none=True)
+    provider = provider_object(g)
+    if provider:
+        body["provider"] = provider
+    if g.stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    body.update(g.extra_body)
+    return body
+
+
+class Engine:
+    def __init__(
+        self,
+        config: RunConfig,
+        paths: RunPaths,
+        transport: Transport,
+        ledger: Ledger,
+        pricing: Pricing | None,
+        datasets: list[DatasetRun],
+        rng: random.Random | None = None,
+    ):
+        g = config.generate
+        self.g = g
+        self.paths = paths
+        self.transport = transport
+        self.ledger = ledger
+        self.pricing = pricing
+        self.datasets = datasets
+        self.rng = rng or random.Random()
+        self.policy = RetryPolicy(g.max_attempts, g.retry_base_s, g.retry_max_s)
+        self.pool = ServerPool(g.base_urls or [g.base_url])
+        self.slots = Slots(g.concurrency)
+        self.template = request_template(config)
+        self.retries: Counter[str] = Counter()
+        self.stop_reason: RunStopped | None = None
+        self.started = time.monotonic()
+        self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
+        self._changed = asyncio.Event()
+        self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def in_flight(self) -> int:
+        return sum(d.in_flight for d in self.datasets)
+
+    def stop(self, reason: RunStopped) -> None:
+        if self.stop_reason is None:
+            self.stop_reason = reason
+            log.error("%s — finishing the %d requests in flight, launching no more", reason, self.in_flight)
+        self._changed.set()
+
+    async def run(self) -> None:
+        writer = asyncio.create_task(self._write_outcomes())
+        try:
+            await self._feed()
+            while self._tasks:
+                await asyncio.wait(set(self._tasks))
+            await self._outcomes.join()
+        finally:
+            writer.cancel()
+            await asyncio.gather(writer, return_exceptions=True)
+
+    # -- launching ---------------------------------------------------------------------------
+
+    async def _feed(self) -> None:
+        for ds in self.datasets:
+            for prompt in iter_prompts(ds.config):
+                if self.stop_reason is not None or not await self._room_in_target(ds):
+                    break
+                if prompt.record_id in ds.progress.done:
+                    continue
+                messages = conversation_for(prompt, ds.progress)
+                if messages is None:
+                    ds.parked[_previous_turn(prompt.prompt_id)] = prompt
+                    continue
+                if not await self._launch(ds, prompt, messages):
+                    break
+        # Later turns become ready as the turns before them are written.
+        while self.stop_reason is None and (self.in_flight or any(self._ready(ds) for ds in self.datasets)):
+            launched = False
+            for ds in self.datasets:
+                for prompt in self._ready(ds):
+                    del ds.parked[_previous_turn(prompt.prompt_id)]
+                    if await self._room_in_target(ds) and self.stop_reason is None:
+                        launched |= await self._launch(ds, prompt, conversation_for(prompt, ds.progress))
+            if not launched and self.in_flight:
+                self._changed.clear()
+                await self._changed.wait()
+        for ds in self.datasets:
+            if ds.parked and self.stop_reason is None:
+                log.warning("%s: %d later turns wait for earlier turns that failed; a rerun retries them", ds.name, len(ds.parked))
+
+    def _ready(self, ds: DatasetRun) -> list[PromptRecord]:
+        return [p for prev, p in ds.parked.items() if f"{ds.name}/{prev}" in ds.progress.done]
+
+    async def _room_in_target(self, ds: DatasetRun) -> bool:
+        """Wait while in-flight requests may still reach the target; False once it is reached."""
+        while ds.target_reached(self.g.max_tokens):
+            if ds.in_flight == 0:
+                log.info("%s: output_token_target %d reached", ds.name, ds.config.output_token_target)
+                return False
+            self._changed.clear()
+            await self._changed.wait()
+        return True
+
+    async def _launch(self, ds: DatasetRun, prompt: PromptRecord, messages: list[dict]) -> bool:
+        """Start one request; False when the run must stop launching."""
+        await self.slots.acquire()
+        key = prompt.record_id
+        reserve = self.pricing.cost(estimate_prompt_tokens(messages, prompt.tools), self.g.max_tokens) if self.pricing else 0.0
+        while not self.ledger.reserve(key, reserve):
+            if self.ledger.reserved_total == 0.0 or self.stop_reason is not None:
+                self.slots.release()
+                self.stop(BudgetReached(
+                    f"budget reached: ${self.ledger.committed:.4f} spent or possibly spent of generate.budget_usd "
+                    f"${self.g.budget_usd:.2f}, and the next request may cost up to ${reserve:.4f}; "
+                    "raise generate.budget_usd and rerun to continue"
+                ) if self.stop_reason is None else self.stop_reason)
+                return False
+            self._changed.clear()
+            await self._changed.wait()
+        ds.in_flight += 1
+        task = asyncio.create_task(self._request(ds, prompt, messages, key))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        if len(self._tasks) % 64 == 0:
+            await asyncio.sleep(0)  # let responses in while a long run of free slots is being filled
+        return True
+
+    # -- one request -------------------------------------------------------------------------
+
+    async def _request(self, ds: DatasetRun, prompt: PromptRecord, messages: list[dict], key: str) -> None:
+        body = {**self.template, "messages": messages}
+        if prompt.tools:
+            body["tools"] = prompt.tools
+        started = time.monotonic()
+        attempt = 0
+        outcome = Outcome(ds, key)
+        try:
+            while True:
+                attempt += 1
+                server = self.pool.pick(time.monotonic())
+                server.in_flight += 1
+                try:
+                    reply = await self.transport.chat(server.chat_url, body, self.g.stream)
+                except RequestFailure as e:
+                    failure = e.failure
+                    self.pool.failed(server, failure.cause, time.monotonic())
+                    self.retries[failure.cause.value] += 1
+                    delay = self._on_failure(failure, attempt)
+                    if delay is None:
+                        if failure.cause not in (Cause.CREDITS, Cause.REJECTED):
+                            outcome.error = _error_entry(prompt, failure, attempt)
+                        return
+                    await asyncio.sleep(delay)
+                    if self.stop_reason is not None and isinstance(self.stop_reason, (CreditsExhausted, RequestRejected)):
+                        return
+                    continue
+                finally:
+                    server.in_flight -= 1
+                self.pool.succeeded(server)
+                self.slots.grow()
+                outcome.record, outcome.cost = self._record(prompt, messages, reply, time.monotonic() - started, attempt)
+                return
+        finally:
+            self.slots.release()
+            self._outcomes.put_nowait(outcome)
+
+    def _on_failure(self, failure, attempt: int) -> float | None:
+        if failure.cause is Cause.CREDITS:
+            self.stop(CreditsExhausted(
+                f"the account has no credits left ({failure.message}); add credits and rerun the same command to resume"
+            ))
+            return None
+        if failure.cause is Cause.REJECTED:
+            self.stop(RequestRejected(f"the server rejects the requests ({failure.message}); fix the config and rerun"))
+            return None
+        if failure.cause is Cause.IN_FLIGHT_BUDGET:
+            self.slots.shrink()
+        return self.policy.next_delay(attempt, failure, self.rng.random())
+
+    def _record(self, prompt: PromptRecord, messages: list[dict], reply: Reply, latency: float, attempts: int) -> tuple[GenerationRecord, float]:
+        usage: Usage = reply.usage
+        if not reply.cost_reported and self.pricing is not None:
+            usage.cost = self.pricing.cost(usage.prompt_tokens, usage.completion_tokens)
+        record = make_record(
+            prompt, messages, content=reply.content, finish_reason=reply.finish_reason, model=self.g.model,
+            provider=reply.provider or self.g.model, usage=usage, reasoning=reply.reasoning, tool_calls=reply.tool_calls,
+            generation_id=reply.generation_id, latency_s=round(latency, 3), attempts=attempts,
+        )
+        return record, usage.cost
+
+    # -- the one writer ----------------------------------------------------------------------
+
+    async def _write_outcomes(self) -> None:
+        while True:
+            outcome = await self._outcomes.get()
+            try:
+                self._settle(outcome)
+            finally:
+                self._outcomes.task_done()
+                self._changed.set()
+
+    def _settle(self, o: Outcome) -> None:
+        ds = o.dataset
+        ds.in_flight -= 1
+        if o.record is not None:
+            ds.writer.write(o.record)  # flushed: durable against a killed process before it counts
+            self.ledger.spend(o.key, o.cost, ds.name, o.record.provider)
+            ds.records += 1
+            ds.tokens += o.record.usage.completion_tokens
+            ds.truncated += o.record.finish_reason == "length"
+            return
+        self.ledger.release(o.key)
+        if o.error is not None:
+            ds.errors.write(o.error)
+            ds.failed += 1
+
+
+def _previous_turn(prompt_id: str) -> str:
+    base, turn = prompt_id.rsplit("#", 1)
+    return f"{base}#{int(turn) - 1}"
+
+
+def _error_entry(prompt: PromptRecord, failure, attempts: int) -> dict[str, Any]:
+    return {
+        "id": prompt.record_id, "dataset": prompt.dataset, "prompt_id": prompt.prompt_id, "cause": failure.cause.value,
+        "status": failure.status, "message": failure.message, "attempts": attempts, "time": time.time(),
+    }
