@@ -1,0 +1,148 @@
+"""Stage 3 — tokenize: rebuild the target's exact token ids and loss masks, and prove them.
+
+Consumes ``<run_dir>/generate/<dataset>.jsonl`` (stage 2). Produces
+``<run_dir>/tokenize/<dataset>.parquet`` with ``records.TOKENIZED_COLUMNS`` — ``input_ids``
+(prompt rendered by the chat template, then the completion assembled in the model's own output
+grammar with specials inserted by id) and ``loss_mask`` (1 on the completion: reasoning, think
+delimiters, content, tool-call markup, end of turn) — and ``<run_dir>/tokenize/report.json``.
+
+Guarantees: every kept sample's completion length is checked against the billed completion
+tokens (``tokenize.on_mismatch`` decides what happens when they disagree); with
+``verify_ids`` every record that carries the sampled ``token_ids`` is compared id for id and each
+mismatch is explained. A dataset's Parquet file appears only once complete; a rerun skips
+datasets whose records, settings and output are unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+from eyas.config import RunConfig
+from eyas.console import console, progress
+from eyas.generate.store import read_records
+from eyas.paths import RunPaths
+from eyas.tokenize.formats import Format
+from eyas.tokenize.report import DatasetReport, table
+
+log = logging.getLogger(__name__)
+
+CHUNK_RECORDS = 4096
+"""Records per batch-encode call: large enough to keep the Rust tokenizer busy, small in memory."""
+
+
+def run(config: RunConfig, quiet: bool = False, verify_ids: bool = False) -> dict:
+    """Rebuild every dataset's records; returns the report that is also written to report.json."""
+    from eyas.tokenize.load import load_format
+
+    paths = RunPaths.of(config)
+    fmt = load_format(config)
+    reports = []
+    for dataset in config.datasets:
+        source = paths.generations(dataset.name)
+        if not source.exists():
+            log.warning("%s: no generation records at %s; run `eyas generate` first", dataset.name, source)
+            continue
+        key = _fingerprint(config, source, verify_ids)
+        done = _load_done(paths, dataset.name, key)
+        if done is not None:
+            log.info("%s: already tokenized with these records and settings", dataset.name)
+            reports.append(done)
+            continue
+        report = _tokenize_dataset(config, fmt, source, paths.tokenized(dataset.name), verify_ids, quiet)
+        _save_done(paths, dataset.name, key, report)
+        reports.append(report)
+    result = {"format": fmt.name, "verify_ids": verify_ids, "datasets": {r.dataset: r.to_dict() for r in reports}}
+    _write_json(paths.tokenize_report, result)
+    if not quiet:
+        console.print(table(reports))
+    return result
+
+
+def _tokenize_dataset(config: RunConfig, fmt: Format, source: Path, out_path: Path, verify_ids: bool, quiet: bool) -> DatasetReport:
+    from eyas.tokenize.parquet import ParquetOut, table_of
+    from eyas.tokenize.rebuild import Rebuilder
+    from eyas.tokenize.verify import compare
+
+    name = out_path.stem
+    report = DatasetReport(name, fmt.name)
+    rebuilder = Rebuilder(fmt)
+    policy = config.tokenize.on_mismatch
+    total = sum(1 for _ in read_records(source))
+    out = ParquetOut(out_path)
+    started = time.monotonic()
+    try:
+        with progress(quiet) as bar:
+            task = bar.add_task(name, total=total, rate=0.0)
+            for chunk in _chunks(read_records(source), CHUNK_RECORDS):
+                samples, dropped = rebuilder.rebuild(chunk)
+                for d in dropped:
+                    report.drop(d)
+                kept = []
+                for s in samples:
+                    off = "billing-mismatch" in s.flags
+                    if policy == "keep" and off:
+                        s.flags.remove("billing-mismatch")
+                    keep = not (off and policy == "drop")
+                    report.add(s, keep)
+                    if keep:
+                        kept.append(s)
+                    if verify_ids and s.record.token_ids is not None:
+                        report.verify(s, compare(s, fmt.encoder))
+                out.write(table_of(kept, fmt.name))
+                rate = report.tokens / max(time.monotonic() - started, 1e-9)
+                bar.update(task, advance=len(chunk), rate=rate)
+    except BaseException:
+        out.abort()
+        raise
+    out.commit()
+    return report
+
+
+def _chunks(items, size: int):
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _fingerprint(config: RunConfig, source: Path, verify_ids: bool) -> dict:
+    """What the output depends on: the records file as it is now and the tokenize settings."""
+    st = source.stat()
+    return {
+        "records": [st.st_size, st.st_mtime_ns],
+        "tokenize": config.tokenize.model_dump(mode="json"),
+        "target": config.target.model_dump(mode="json", include={"model", "revision", "tokenizer"}),
+        "verify_ids": verify_ids,
+    }
+
+
+def _done_path(paths: RunPaths, dataset: str) -> Path:
+    return paths.tokenize_dir / f"{dataset}.done.json"
+
+
+def _load_done(paths: RunPaths, dataset: str, key: dict) -> DatasetReport | None:
+    marker = _done_path(paths, dataset)
+    if not marker.exists() or not paths.tokenized(dataset).exists():
+        return None
+    saved = json.loads(marker.read_text())
+    return DatasetReport.from_dict(saved["report"]) if saved.get("key") == key else None
+
+
+def _save_done(paths: RunPaths, dataset: str, key: dict, report: DatasetReport) -> None:
+    """Written after the Parquet file is in place: its existence means the dataset is complete."""
+    _write_json(_done_path(paths, dataset), {"key": key, "report": report.to_dict()})
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False))
+    os.replace(tmp, path)

@@ -1,0 +1,49 @@
+"""Pick the tokenizer back-end and the output format named by the config, and check them.
+
+Kimi formats build a ``tiktoken.Encoding`` from the model's ``tiktoken.model`` (never an
+automatic fast-tokenizer conversion, which has shifted special ids); every other format uses
+the target's Hugging Face fast tokenizer. The format checks its special ids at construction.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from eyas.config import ConfigError, RunConfig
+from eyas.tokenize.encoders import HFEncoder, TiktokenEncoder
+from eyas.tokenize.formats import FORMATS, KIMI_FORMATS, Format
+
+
+def load_format(config: RunConfig) -> Format:
+    name = config.tokenize.format
+    if name in KIMI_FORMATS:
+        encoder = TiktokenEncoder(_kimi_encoding(config))
+        return FORMATS[name](encoder)
+    from eyas.target import load_tokenizer
+
+    encoder = HFEncoder(load_tokenizer(config.target))
+    if name == "auto":
+        from eyas.tokenize.auto import AutoFormat
+
+        return AutoFormat(encoder)
+    return FORMATS[name](encoder)
+
+
+def _kimi_encoding(config: RunConfig):
+    from eyas.target import resolve_target
+    from eyas.tokenize.kimi import load_kimi_encoding
+
+    source = resolve_target(config.target)
+    where = config.target.tokenizer or source.name_or_path
+    path = Path(where).expanduser()
+    if path.is_dir():
+        return load_kimi_encoding(path)
+    if where.startswith((".", "/", "~")):
+        raise ConfigError(f"target.tokenizer: {where} does not exist")
+    from huggingface_hub import hf_hub_download
+
+    try:
+        rank_file = hf_hub_download(where, "tiktoken.model", revision=source.revision)
+    except Exception as e:  # hub errors come in many types; all mean the file is not reachable
+        raise ConfigError(f"target.model: cannot fetch tiktoken.model of {where} ({e})") from None
+    return load_kimi_encoding(Path(rank_file).parent)
