@@ -1,0 +1,190 @@
+"""The HTTP backend end to end against a fake OpenRouter on 127.0.0.1, run in-process.
+
+Each prompt's fate is scripted by the fake server's directives, so the outcomes are exact:
+which prompts become records (once each), which end in the errors file and why, what was
+charged, and what the ledger says.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from eyas import generate
+from eyas.config import parse_config
+from eyas.generate.http.budget import Ledger
+from eyas.generate.http.errors import BudgetReached, CreditsExhausted, RequestRejected
+from tests.conftest import write_jsonl
+from tests.generate.fake_openai import FakeOpenAI, FakeServer
+
+FAILURES = ["[[429x2]] a", "[[500]] b", "[[502]] b2", "[[503]] b3", "[[reset]] c", "[[err200]] d", "[[toperr]] e",
+            "[[empty]] f", "[[malformed]] g", "[[inflight]] h", "[[length]] i", "[[ctx]] j", "[[always500]] k", "[[midstream]] l"]
+
+
+def make_config(tmp_path, base_url, prompts, **generate_overrides):
+    source = write_jsonl(tmp_path / "prompts.jsonl", [{"id": f"p{i}", "prompt": p} for i, p in enumerate(prompts)])
+    g = {"backend": "openai", "base_url": base_url, "model": "fake/model", "concurrency": 4, "max_attempts": 3,
+         "retry_base_s": 0.005, "retry_max_s": 0.02, "max_tokens": 64}
+    g.update(generate_overrides)
+    datasets = generate_overrides.pop("datasets", None) or [{"name": "ds", "source": str(source)}]
+    g.pop("datasets", None)
+    return parse_config({"run_dir": str(tmp_path / "run"), "datasets": datasets, "generate": g})
+
+
+def lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def check_exactly_once(records: list[dict], fake: FakeOpenAI) -> None:
+    ids = [r["id"] for r in records]
+    assert len(ids) == len(set(ids))
+    served = {r["messages"][-1]["content"] for r in records}
+    assert {p: n for p, n in fake.served.items()} == {p: 1 for p in served}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_every_failure_ends_in_one_record_or_one_error_line(tmp_path, stream):
+    prompts = ["plain one", "plain two", *FAILURES]
+    fake = FakeOpenAI(latency_s=0.01, keepalives=3)
+    with FakeServer(fake) as server:
+        config = make_config(tmp_path, server.base_url, prompts, stream=stream,
+                             reasoning={"effort": "high"}, extra_body={"chat_template_kwargs": {"thinking": True}},
+                             provider_policy={"quantizations": ["int4", "fp8"]})
+        generate.run(config, quiet=True)
+        run = tmp_path / "run" / "generate"
+        records = lines(run / "ds.jsonl")
+        errors = lines(run / "ds.errors.jsonl")
+        assert sorted(r["prompt_id"] for r in records) == sorted(f"p{i}" for i, p in enumerate(prompts) if "ctx" not in p and "always500" not in p)
+        check_exactly_once(records, fake)
+        by_prompt = {r["messages"][-1]["content"]: r for r in records}
+        for p, r in by_prompt.items():
+            assert r["content"] == f"answer to: {p}"
+            assert r["reasoning"] == "let me think"
+            assert r["provider"] == "FakeAI" and r["generation_id"].startswith("gen-")
+            assert "token_ids" not in r
+        assert by_prompt["[[429x2]] a"]["attempts"] == 3
+        assert by_prompt["plain one"]["attempts"] == 1
+        assert by_prompt["[[length]] i"]["finish_reason"] == "length"
+        assert [(e["prompt_id"], e["cause"], e["status"], e["attempts"]) for e in sorted(errors, key=lambda e: e["prompt_id"])] == [
+            ("p13", "prompt", 400, 1), ("p14", "server", 500, 3)]
+        assert "maximum context length" in errors[0]["message"] + errors[1]["message"]
+
+        body = fake.bodies[0]
+        assert body["provider"] == {"quantizations": ["int4", "fp8"]}
+        assert body["reasoning"] == {"effort": "high"}
+        assert body["chat_template_kwargs"] == {"thinking": True}
+        assert (body["max_tokens"], body["seed"], body.get("stream", False)) == (64, 0, stream)
+
+        ledger = Ledger(run / "ledger.jsonl", None)
+        assert ledger.spent == pytest.approx(sum(r["usage"]["cost"] for r in records)) == pytest.approx(fake.charged)
+        assert ledger.possibly_spent == 0.0
+
+        # The rerun retries only the two failures; they fail again and are listed once each.
+        generate.run(config, quiet=True)
+        assert len(lines(run / "ds.jsonl")) == len(records)
+        assert sorted(e["prompt_id"] for e in lines(run / "ds.errors.jsonl")) == ["p13", "p14"]
+        check_exactly_once(lines(run / "ds.jsonl"), fake)
+
+
+def test_budget_caps_spend_and_a_bigger_budget_resumes(tmp_path):
+    prompts = [f"question number {i}" for i in range(30)]
+    fake = FakeOpenAI(latency_s=0.01)
+    with FakeServer(fake) as server:
+        # Prices come from the endpoints listing, over the endpoints the policy allows (FakeAI: $1/$4 per M).
+        policy = {"quantizations": ["int4"]}
+        config = make_config(tmp_path, server.base_url, prompts, budget_usd=0.0008, provider_policy=policy, max_tokens=100)
+        with pytest.raises(BudgetReached):
+            generate.run(config, quiet=True)
+        records = lines(tmp_path / "run" / "generate" / "ds.jsonl")
+        ledger = Ledger(tmp_path / "run" / "generate" / "ledger.jsonl", None)
+        assert 0 < len(records) < 30
+        assert ledger.spent <= 0.0008 and fake.charged <= 0.0008
+        assert ledger.spent == pytest.approx(fake.charged)
+        check_exactly_once(records, fake)
+
+        generate.run(make_config(tmp_path, server.base_url, prompts, budget_usd=1.0, provider_policy=policy, max_tokens=100), quiet=True)
+        records = lines(tmp_path / "run" / "generate" / "ds.jsonl")
+        assert len(records) == 30
+        check_exactly_once(records, fake)
+
+
+def test_credits_running_out_stops_cleanly_and_resumes(tmp_path):
+    prompts = [f"credit question {i}" for i in range(24)]
+    fake = FakeOpenAI(latency_s=0.01, credits_usd=0.0004)
+    with FakeServer(fake) as server:
+        config = make_config(tmp_path, server.base_url, prompts, concurrency=3)
+        with pytest.raises(CreditsExhausted):
+            generate.run(config, quiet=True)
+        records = lines(tmp_path / "run" / "generate" / "ds.jsonl")
+        assert 0 < len(records) < 24
+        check_exactly_once(records, fake)  # every answer the server billed was saved
+        assert not (tmp_path / "run" / "generate" / "ds.errors.jsonl").read_text()
+
+        fake.credits_usd = None
+        generate.run(config, quiet=True)
+        records = lines(tmp_path / "run" / "generate" / "ds.jsonl")
+        assert len(records) == 24
+        check_exactly_once(records, fake)
+
+
+def test_output_token_target_stops_launching(tmp_path):
+    prompts = [f"target question {i}" for i in range(40)]
+    fake = FakeOpenAI(latency_s=0.01)
+    with FakeServer(fake) as server:
+        config = make_config(tmp_path, server.base_url, prompts, concurrency=2)
+        config.datasets[0].output_token_target = 50
+        generate.run(config, quiet=True)
+    records = lines(tmp_path / "run" / "generate" / "ds.jsonl")
+    tokens = sum(r["usage"]["completion_tokens"] for r in records)
+    per_answer = max(r["usage"]["completion_tokens"] for r in records)
+    assert 50 <= tokens < 50 + 2 * per_answer
+    assert len(records) < 40
+
+
+def test_multi_turn_conversations_use_the_models_own_earlier_answers(tmp_path):
+    conv = {"id": "c", "messages": [
+        {"role": "user", "content": "first"}, {"role": "assistant", "content": "old answer"},
+        {"role": "user", "content": "second"}, {"role": "assistant", "content": "old answer 2"},
+    ]}
+    source = write_jsonl(tmp_path / "conv.jsonl", [conv])
+    fake = FakeOpenAI()
+    with FakeServer(fake) as server:
+        config = make_config(tmp_path, server.base_url, ["unused"],
+                             datasets=[{"name": "mt", "source": str(source), "multi_turn": "all"}])
+        generate.run(config, quiet=True)
+    records = {r["prompt_id"]: r for r in lines(tmp_path / "run" / "generate" / "mt.jsonl")}
+    assert set(records) == {"c#0", "c#1"}
+    assert records["c#1"]["messages"][1] == {"role": "assistant", "content": "answer to: first"}
+
+
+def _dead_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def test_many_servers_route_around_a_dead_one(tmp_path):
+    prompts = [f"spread question {i}" for i in range(20)]
+    fake = FakeOpenAI(latency_s=0.01)
+    with FakeServer(fake) as server:
+        config = make_config(tmp_path, None, prompts, base_urls=[_dead_url(), server.base_url], max_attempts=8)
+        generate.run(config, quiet=True)
+    records = lines(tmp_path / "run" / "generate" / "ds.jsonl")
+    assert len(records) == 20
+    check_exactly_once(records, fake)
+
+
+def test_a_rejected_key_fails_fast_without_printing_it(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("FAKE_KEY", "sk-secret-123")
+    fake = FakeOpenAI(api_key="sk-other")
+    with FakeServer(fake) as server:
+        config = make_config(tmp_path, server.base_url, [f"q{i}" for i in range(10)], api_key_env="FAKE_KEY", max_attempts=8)
+        with pytest.raises(RequestRejected) as e:
+            generate.run(config, quiet=True)
+    assert "401" in str(e.value) and "sk-secret-123" not in str(e.value)
+    assert "sk-secret-123" not in caplog.text
+    assert sum(fake.attempts.values()) <= 4  # only what was in flight when the first 401 came back
+    assert not lines(tmp_path / "run" / "generate" / "ds.jsonl")
