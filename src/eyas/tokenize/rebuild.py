@@ -10,7 +10,7 @@ raw tool/think markers in the text read as text instead of special tokens; then 
 restored at the reasoning and content edges, which some servers strip. Whitespace is only
 tried within ``MAX_WHITESPACE_DELTA`` tokens of billing and at most two edges at once: that
 covers ``.strip()`` on both segments while bounding the work on samples that are off for
-other reasons.
+other reasons. Several readings can share a length; the order above is the tie-break.
 """
 
 from __future__ import annotations
@@ -163,7 +163,9 @@ class Rebuilder:
         if self.fmt.has_markers(content) or self.fmt.has_markers(reasoning):
             modes.append((False, ["markers-as-text"]))
         edges = [e for e in EDGES if e[0] == "content" or self.fmt.think_open is not None]
-        max_edges = 2 if delta <= MAX_WHITESPACE_DELTA else 0
+        # Records with sampled ids come from the local backend, which never strips: a count off
+        # there is a non-canonical merge, and "restoring" whitespace would only hide it.
+        max_edges = 2 if delta <= MAX_WHITESPACE_DELTA and record.token_ids is None else 0
         out = []
         for k in range(max_edges + 1):
             for chosen in itertools.combinations(edges, k):
