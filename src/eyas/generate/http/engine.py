@@ -15,7 +15,8 @@ import asyncio
 import logging
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,8 @@ class DatasetRun:
     truncated: int = 0
     parked: dict[str, PromptRecord] = field(default_factory=dict)
     """Later turns waiting for the turn before them, keyed by that turn's prompt id."""
+    ready: deque[PromptRecord] = field(default_factory=deque)
+    """Later turns whose previous turn is written: launched before new prompts."""
 
     @property
     def name(self) -> str:
@@ -152,44 +155,44 @@ class Engine:
     # -- launching ---------------------------------------------------------------------------
 
     async def _feed(self) -> None:
-        for ds in self.datasets:
-            for prompt in iter_prompts(ds.config):
-                if self.stop_reason is not None or not await self._room_in_target(ds):
-                    break
-                if prompt.record_id in ds.progress.done:
-                    continue
-                messages = conversation_for(prompt, ds.progress)
-                if messages is None:
-                    ds.parked[_previous_turn(prompt.prompt_id)] = prompt
-                    continue
-                if not await self._launch(ds, prompt, messages):
-                    break
-        # Later turns become ready as the turns before them are written.
-        while self.stop_reason is None and (self.in_flight or any(self._ready(ds) for ds in self.datasets)):
-            launched = False
-            for ds in self.datasets:
-                for prompt in self._ready(ds):
-                    del ds.parked[_previous_turn(prompt.prompt_id)]
-                    if await self._room_in_target(ds) and self.stop_reason is None:
-                        launched |= await self._launch(ds, prompt, conversation_for(prompt, ds.progress))
-            if not launched and self.in_flight:
-                self._changed.clear()
+        """Launch round-robin over datasets until none has anything left to launch.
+
+        A dataset whose target may be reached by what it has in flight is set aside, not
+        waited on, so the others keep the slots busy until its answers tell whether it needs more.
+        """
+        prompts = {ds.name: iter_prompts(ds.config) for ds in self.datasets}
+        open_ = list(self.datasets)
+        while open_ and self.stop_reason is None:
+            self._changed.clear()  # before feeding: an outcome arriving meanwhile must wake the wait below
+            for ds in list(open_):
+                if await self._feed_dataset(ds, prompts[ds.name]):
+                    open_.remove(ds)
+            if open_ and self.stop_reason is None:
                 await self._changed.wait()
-        for ds in self.datasets:
-            if ds.parked and self.stop_reason is None:
-                log.warning("%s: %d later turns wait for earlier turns that failed; a rerun retries them", ds.name, len(ds.parked))
 
-    def _ready(self, ds: DatasetRun) -> list[PromptRecord]:
-        return [p for prev, p in ds.parked.items() if f"{ds.name}/{prev}" in ds.progress.done]
-
-    async def _room_in_target(self, ds: DatasetRun) -> bool:
-        """Wait while in-flight requests may still reach the target; False once it is reached."""
-        while ds.target_reached(self.g.max_tokens):
-            if ds.in_flight == 0:
+    async def _feed_dataset(self, ds: DatasetRun, prompts: Iterator[PromptRecord]) -> bool:
+        """Launch what this dataset can launch now; True when it will never launch again."""
+        while self.stop_reason is None:
+            if ds.target_reached(self.g.max_tokens):
+                if ds.in_flight:
+                    return False
                 log.info("%s: output_token_target %d reached", ds.name, ds.config.output_token_target)
-                return False
-            self._changed.clear()
-            await self._changed.wait()
+                return True
+            prompt = ds.ready.popleft() if ds.ready else next(prompts, None)
+            if prompt is None:
+                if ds.parked and ds.in_flight:
+                    return False  # later turns wait for turns in flight
+                if ds.parked:
+                    log.warning("%s: %d later turns wait for earlier turns that failed; a rerun retries them", ds.name, len(ds.parked))
+                return True
+            if prompt.record_id in ds.progress.done:
+                continue
+            messages = conversation_for(prompt, ds.progress)
+            if messages is None:
+                ds.parked[_previous_turn(prompt.prompt_id)] = prompt
+                continue
+            if not await self._launch(ds, prompt, messages):
+                return True
         return True
 
     async def _launch(self, ds: DatasetRun, prompt: PromptRecord, messages: list[dict]) -> bool:
@@ -249,7 +252,7 @@ class Engine:
                     server.in_flight -= 1
                 self.pool.succeeded(server)
                 self.slots.grow()
-                outcome.record, outcome.cost = self._record(prompt, messages, reply, time.monotonic() - started, attempt)
+                outcome.record, outcome.cost = self._record(prompt, messages, reply, server.base_url, time.monotonic() - started, attempt)
                 return
         finally:
             self.slots.release()
@@ -268,13 +271,15 @@ class Engine:
             self.slots.shrink()
         return self.policy.next_delay(attempt, failure, self.rng.random())
 
-    def _record(self, prompt: PromptRecord, messages: list[dict], reply: Reply, latency: float, attempts: int) -> tuple[GenerationRecord, float]:
+    def _record(
+        self, prompt: PromptRecord, messages: list[dict], reply: Reply, server: str, latency: float, attempts: int
+    ) -> tuple[GenerationRecord, float]:
         usage: Usage = reply.usage
         if not reply.cost_reported and self.pricing is not None:
             usage.cost = self.pricing.cost(usage.prompt_tokens, usage.completion_tokens)
         record = make_record(
             prompt, messages, content=reply.content, finish_reason=reply.finish_reason, model=self.g.model,
-            provider=reply.provider or self.g.model, usage=usage, reasoning=reply.reasoning, tool_calls=reply.tool_calls,
+            provider=reply.provider or server, usage=usage, reasoning=reply.reasoning, tool_calls=reply.tool_calls,
             generation_id=reply.generation_id, latency_s=round(latency, 3), attempts=attempts,
         )
         return record, usage.cost
@@ -295,6 +300,9 @@ class Engine:
         ds.in_flight -= 1
         if o.record is not None:
             ds.writer.write(o.record)  # flushed: durable against a killed process before it counts
+            later = ds.parked.pop(o.record.prompt_id, None)
+            if later is not None:
+                ds.ready.append(later)
             self.ledger.spend(o.key, o.cost, ds.name, o.record.provider)
             ds.records += 1
             ds.tokens += o.record.usage.completion_tokens
