@@ -3,7 +3,8 @@
 Failures are scripted per prompt by directives in the last user message, so every test
 knows exactly what each prompt meets: ``[[429x2]]`` answers the first two attempts with
 429 + Retry-After, then serves it. Directives: ``429 500 502 503 reset err200 toperr empty
-malformed inflight midstream ctx always500`` (x N attempts, default 1) and ``length``.
+malformed inflight midstream ctx always500`` (x N attempts, default 1), ``length``, and
+``huge`` (a 600 kB answer, streamed as one chunk).
 Server-wide: latency, prices, a credit balance after which every request gets a final 402,
 an expected API key, SSE keep-alive comments. It counts what it served and charged, so tests
 can check that nothing was bought twice.
@@ -116,7 +117,7 @@ class FakeOpenAI:
             return web.json_response({"id": "gen-x", "choices": [{"finish_reason": "error", "error": {"code": 502, "message": "provider died"}, "message": {"content": "partial"}}]})
         if "toperr" in failing:
             return web.json_response({"error": {"code": 503, "message": "no provider available"}})
-        content = f"answer to: {prompt}"
+        content = f"answer to: {prompt}" + (" long" * 120_000 if "huge" in directives else "")
         finish = "length" if "length" in directives else "stop"
         prompt_tokens = sum(len(str(m.get("content", ""))) for m in body["messages"]) // 4 + 1
         completion_tokens = min(len(content.split()) + 3, body.get("max_tokens") or 10**9)
@@ -153,7 +154,7 @@ class FakeOpenAI:
             await resp.write(b": OPENROUTER PROCESSING\n\n")
         await send(chunk({"role": "assistant", "reasoning": "let me "}))
         await send(chunk({"reasoning": "think"}))
-        words = content.split(" ")
+        words = [content] if len(content) > 10_000 else content.split(" ")  # a huge answer arrives in one chunk
         for i, word in enumerate(words):
             await send(chunk({"content": word if i == 0 else " " + word}))
             if fail_midway and i == 1:

@@ -46,7 +46,7 @@ def check_exactly_once(records: list[dict], fake: FakeOpenAI) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_every_failure_ends_in_one_record_or_one_error_line(tmp_path, stream):
-    prompts = ["plain one", "plain two", *FAILURES]
+    prompts = ["plain one", "plain two", *FAILURES, "[[huge]] m"]
     fake = FakeOpenAI(latency_s=0.01, keepalives=3)
     with FakeServer(fake) as server:
         config = make_config(tmp_path, server.base_url, prompts, stream=stream,
@@ -59,6 +59,7 @@ def test_every_failure_ends_in_one_record_or_one_error_line(tmp_path, stream):
         assert sorted(r["prompt_id"] for r in records) == sorted(f"p{i}" for i, p in enumerate(prompts) if "ctx" not in p and "always500" not in p)
         check_exactly_once(records, fake)
         by_prompt = {r["messages"][-1]["content"]: r for r in records}
+        assert len(by_prompt.pop("[[huge]] m")["content"]) > 600_000  # one SSE line longer than aiohttp's readline allows (512 KiB)
         for p, r in by_prompt.items():
             assert r["content"] == f"answer to: {p}"
             assert r["reasoning"] == "let me think"

@@ -61,12 +61,7 @@ class Transport:
                     raw = await resp.read()
                     raise RequestFailure(self._http_failure(resp.status, raw, resp.headers.get("Retry-After")))
                 if stream:
-                    assembler = StreamAssembler()
-                    async for line in resp.content:
-                        assembler.feed_line(line)
-                        if assembler.done:
-                            break
-                    return assembler.reply()
+                    return await _read_stream(resp)
                 return parse_body(await resp.read())
         except RequestFailure as e:
             if self._api_key and self._api_key in e.failure.message:
@@ -100,3 +95,19 @@ class Transport:
             return json.loads(raw)
         except ValueError:
             raise RequestFailure(Failure(Cause.BAD_RESPONSE, f"GET {url}: malformed JSON")) from None
+
+
+async def _read_stream(resp: aiohttp.ClientResponse) -> Reply:
+    """Split the SSE body into lines ourselves: aiohttp's readline refuses lines over 512 KiB,
+    and one chunk may carry a whole long answer or tool call."""
+    assembler = StreamAssembler()
+    pending = b""
+    async for data in resp.content.iter_any():
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            assembler.feed_line(line)
+            if assembler.done:
+                return assembler.reply()
+    assembler.feed_line(pending)
+    return assembler.reply()

@@ -130,6 +130,7 @@ class Engine:
         self._outcomes: asyncio.Queue[Outcome] = asyncio.Queue()
         self._changed = asyncio.Event()
         self._tasks: set[asyncio.Task] = set()
+        self._crash: BaseException | None = None
 
     @property
     def in_flight(self) -> int:
@@ -151,6 +152,8 @@ class Engine:
         finally:
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
+        if self._crash is not None:
+            raise self._crash
 
     # -- launching ---------------------------------------------------------------------------
 
@@ -201,23 +204,32 @@ class Engine:
         key = prompt.record_id
         reserve = self.pricing.cost(estimate_prompt_tokens(messages, prompt.tools), self.g.max_tokens) if self.pricing else 0.0
         while not self.ledger.reserve(key, reserve):
-            if self.ledger.reserved_total == 0.0 or self.stop_reason is not None:
-                self.slots.release()
+            if self.stop_reason is None and not self.ledger.reserved:
+                # Nothing in flight will hand money back: the budget is spent.
                 self.stop(BudgetReached(
                     f"budget reached: ${self.ledger.committed:.4f} spent or possibly spent of generate.budget_usd "
                     f"${self.g.budget_usd:.2f}, and the next request may cost up to ${reserve:.4f}; "
                     "raise generate.budget_usd and rerun to continue"
-                ) if self.stop_reason is None else self.stop_reason)
+                ))
+            if self.stop_reason is not None:
+                self.slots.release()
                 return False
             self._changed.clear()
             await self._changed.wait()
         ds.in_flight += 1
         task = asyncio.create_task(self._request(ds, prompt, messages, key))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._request_ended)
         if len(self._tasks) % 64 == 0:
             await asyncio.sleep(0)  # let responses in while a long run of free slots is being filled
         return True
+
+    def _request_ended(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None and self._crash is None:
+            # A bug, not a server problem: stop launching and re-raise it once in-flight work is saved.
+            self._crash = task.exception()
+            self.stop(RunStopped(f"internal error: {self._crash!r}"))
 
     # -- one request -------------------------------------------------------------------------
 
