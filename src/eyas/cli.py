@@ -84,6 +84,14 @@ def tokenize(
 
 
 @app.command()
+def extract(config: ConfigArg, quiet: QuietOpt = False) -> None:
+    """Stage 5: target hidden states for every merged train sample (resumes; torchrun-aware)."""
+    from eyas import extract as stage
+
+    stage.run(_open_run(config, quiet), quiet)
+
+
+@app.command()
 def status(config: ConfigArg) -> None:
     """Per dataset: prompts, records done, completion tokens, finish reasons."""
     from eyas.generate.status import collect, table

@@ -221,9 +221,11 @@ class ExtractConfig(Section):
     dtype: Literal["bf16", "fp8"] = "bf16"
     """Storage dtype; fp8 (e4m3, per-row scale) halves storage."""
     batch_tokens: int = Field(default=8192, ge=1)
-    """Tokens per forward batch (samples sorted by length)."""
-    shard_tokens: int = Field(default=1_000_000, ge=1)
-    """Tokens per shard file."""
+    """Tokens per forward batch, padding included (samples sorted by length)."""
+    packing: Literal["auto", "packed", "padded"] = "auto"
+    """`packed`: one pad-free row per batch; `padded`: sorted padded rows; `auto`: packed under flash attention only."""
+    shard_tokens: int | None = Field(default=None, ge=1)
+    """Tokens per shard file; default about 1 GiB of states per shard."""
     throughput_tokens_per_s: float | None = Field(default=None, gt=0.0)
     """Estimate: extraction throughput to assume when none was measured."""
 

@@ -1,0 +1,193 @@
+"""Offline extraction: the target over every merged train sample, written shard by shard.
+
+Each rank (``RANK``/``WORLD_SIZE`` from torchrun; one rank without it) writes every
+``WORLD_SIZE``-th shard, skipping shards already finished by an earlier run. When all ranks
+are done, rank 0 checks every sidecar and writes ``index.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+from eyas.config import ConfigError, RunConfig
+from eyas.console import progress
+from eyas.extract import plan, storage
+from eyas.extract.capture import default_aux_layers, hf_hidden_state_indices
+from eyas.extract.forward import forward, use_packing
+from eyas.merge.reader import read_rows, split_lengths
+from eyas.paths import RunPaths
+from eyas.records import content_hash
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """Everything every rank derives identically from the config and the merged corpus."""
+
+    aux_layers: list[int]
+    hidden_size: int
+    num_layers: int
+    shards: list[range]
+    lengths: list[int]
+    settings: dict
+    fingerprint: str
+
+
+def plan_job(config: RunConfig, paths: RunPaths) -> Job:
+    from eyas.target import load_model_config
+
+    lengths = split_lengths(paths, "train")
+    if not lengths:
+        raise ConfigError(f"{paths.merge_dir}: the train split is empty; nothing to extract")
+    model_config = load_model_config(config.target)
+    text = getattr(model_config, "text_config", None) or model_config
+    num_layers, hidden = text.num_hidden_layers, text.hidden_size
+    x = config.extract
+    aux_layers = list(x.aux_layers) if x.aux_layers is not None else default_aux_layers(num_layers)
+    bad = [i for i in aux_layers if not 0 <= i < num_layers]
+    if bad or len(aux_layers) != 3:
+        raise ConfigError(f"extract.aux_layers: need 3 layers in 0..{num_layers - 1} (the target has {num_layers}), got {aux_layers}")
+    shard_tokens = x.shard_tokens or plan.default_shard_tokens(hidden, len(aux_layers), x.dtype)
+    settings = {
+        "target": config.target.model,
+        "aux_layers": aux_layers,
+        "dtype": x.dtype,
+        "shard_tokens": shard_tokens,
+        "merge_stats_sha256": hashlib.sha256((paths.merge_dir / "stats.json").read_bytes()).hexdigest(),
+    }
+    return Job(aux_layers, hidden, num_layers, plan.plan_shards(lengths, shard_tokens), lengths, settings, content_hash(settings))
+
+
+def _check_existing(paths: RunPaths, job: Job) -> None:
+    """Refuse to mix shards made from another merge or with other settings into this set."""
+    for shard in range(len(job.shards)):
+        done = storage.read_sidecar(paths.hidden_dir, shard)
+        if done is not None and done.get("fingerprint") != job.fingerprint:
+            raise ConfigError(
+                f"{storage.sidecar_path(paths.hidden_dir, shard)}: made from another merge or with other "
+                f"extract settings (now {job.settings}); delete {paths.hidden_dir} or restore the settings"
+            )
+
+
+def _rank() -> tuple[int, int, int]:
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+def _device(config: RunConfig, local_rank: int) -> torch.device:
+    from eyas.target import pick_device
+
+    device = pick_device(config.target)
+    if device.type == "cuda" and device.index is None and config.target.device == "auto":
+        return torch.device("cuda", local_rank)
+    return device
+
+
+def extract(config: RunConfig, quiet: bool = False) -> dict | None:
+    """Write this rank's missing shards; rank 0 writes index.json once all exist (returned)."""
+    paths = RunPaths.of(config)
+    rank, world, local_rank = _rank()
+    job = plan_job(config, paths)
+    paths.hidden_dir.mkdir(parents=True, exist_ok=True)
+    _check_existing(paths, job)
+    mine = plan.rank_shards(len(job.shards), rank, world)
+    todo = [s for s in mine if storage.read_sidecar(paths.hidden_dir, s) is None]
+    skipped = len(mine) - len(todo)
+    if skipped:
+        log.info("rank %d: %d of its %d shards already done; resuming", rank, skipped, len(mine))
+    if todo:
+        _write_shards(config, paths, job, todo, rank, world, local_rank, quiet or rank != 0)
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            # A rank may wait long for the slowest one: the barrier must not time out first.
+            dist.init_process_group("gloo", timeout=timedelta(days=7))
+        dist.barrier()
+    index = _write_index(paths, job) if rank == 0 else None
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    return index
+
+
+def _write_shards(config, paths, job: Job, todo: list[int], rank: int, world: int, local_rank: int, quiet: bool) -> None:
+    from eyas.target import load_model
+
+    model = load_model(config.target, _device(config, local_rank))
+    packed = use_packing(model, config.extract.packing)
+    total = sum(job.lengths[i] for s in todo for i in job.shards[s])
+    started, done_tokens, written = time.monotonic(), 0, 0
+    label = f"extract (rank {rank}/{world})" if world > 1 else "extract"
+    with progress(quiet) as bar:
+        task = bar.add_task(label, total=total, rate=0.0)
+        for shard in todo:
+            storage.remove_partial(paths.hidden_dir, shard)
+            t0 = time.monotonic()
+            sidecar = _extract_shard(config, paths, job, model, packed, shard, lambda n: bar.update(task, advance=n))
+            done_tokens += sidecar["tokens"]
+            written += sidecar["bytes"]
+            rate = done_tokens / max(time.monotonic() - started, 1e-9)
+            bar.update(task, rate=rate, description=f"{label} · {written / 1e9:.2f} GB")
+            log.info("shard %d: %d samples, %d tokens, %.1f MB in %.1f s", shard, sidecar["samples"], sidecar["tokens"], sidecar["bytes"] / 1e6, time.monotonic() - t0)
+
+
+def _extract_shard(config, paths, job: Job, model, packed: bool, shard: int, advance) -> dict:
+    rows = read_rows(paths, "train", job.shards[shard].start, job.shards[shard].stop, ["id", "input_ids", "loss_mask"])
+    lengths = [len(r["input_ids"]) for r in rows]
+    buffer = storage.ShardBuffer([r["id"] for r in rows], lengths, job.hidden_size, len(job.aux_layers), config.extract.dtype)
+    t0 = time.monotonic()
+    for batch in plan.plan_batches(lengths, config.extract.batch_tokens):
+        outputs = forward(model, [rows[i]["input_ids"] for i in batch], job.aux_layers, packed)
+        for i, (aux, final) in zip(batch, outputs):
+            if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
+                raise ConfigError(
+                    f"{paths.hidden_dir}: sample {rows[i]['id']} (train row {job.shards[shard].start + i}) has NaN/Inf "
+                    f"hidden states under target.dtype {config.target.dtype!r}; try float32 or bfloat16"
+                )
+            buffer.put(i, rows[i]["input_ids"], rows[i]["loss_mask"], aux, final)
+        advance(sum(lengths[i] for i in batch))
+    info = {
+        "sample_start": job.shards[shard].start,
+        "fingerprint": job.fingerprint,
+        "rank": _rank()[0],
+        "seconds": round(time.monotonic() - t0, 3),
+    }
+    return storage.write_shard(paths.hidden_dir, shard, buffer, info)
+
+
+def _write_index(paths: RunPaths, job: Job) -> dict:
+    shards = []
+    for shard in range(len(job.shards)):
+        sidecar = storage.read_sidecar(paths.hidden_dir, shard)
+        if sidecar is None:
+            raise ConfigError(f"{storage.shard_path(paths.hidden_dir, shard)}: missing after every rank finished; rerun extract")
+        shards.append({k: sidecar[k] for k in ("file", "samples", "tokens", "bytes", "sha256", "sample_start")})
+    seconds = sum(storage.read_sidecar(paths.hidden_dir, s)["seconds"] for s in range(len(job.shards)))
+    tokens = sum(s["tokens"] for s in shards)
+    h = job.hidden_size
+    index = {
+        "format": storage.FORMAT,
+        **job.settings,
+        "hf_hidden_state_indices": hf_hidden_state_indices(job.aux_layers),
+        "layer_convention": "aux_layers are 0-based decoder layers whose outputs are stored (= HF hidden_states[i + 1])",
+        "final": "base model output after the final norm (lm_head input)",
+        "num_layers": job.num_layers,
+        "hidden_size": h,
+        "num_samples": len(job.lengths),
+        "num_tokens": tokens,
+        "bytes": sum(s["bytes"] for s in shards),
+        "tensors": {"aux": ["tokens", len(job.aux_layers) * h], "final": ["tokens", h], "input_ids": ["tokens"], "loss_mask": ["tokens"], "offsets": ["samples + 1"]}
+        | ({"aux_scale": ["tokens", len(job.aux_layers)], "final_scale": ["tokens", 1]} if job.settings["dtype"] == "fp8" else {}),
+        "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
+        "fingerprint": job.fingerprint,
+        "shards": shards,
+    }
+    storage.write_json_atomic(storage.index_path(paths.hidden_dir), index)
+    return index

@@ -1,0 +1,145 @@
+"""The on-disk form of hidden states: one safetensors file per shard, a sidecar, an index.
+
+``shard-NNNNN.safetensors`` holds, concatenated over its samples in order:
+``aux`` [tokens, 3H] and ``final`` [tokens, H] (bfloat16, or float8 e4m3 with float32
+``aux_scale`` [tokens, 3] and ``final_scale`` [tokens, 1] — one scale per token and layer),
+``input_ids`` int32 [tokens], ``loss_mask`` uint8 [tokens] and ``offsets`` int64 [samples+1];
+its metadata (key ``eyas``) holds the format and the sample ids. A shard is written under a temporary name and renamed when
+complete; then ``shard-NNNNN.json`` (checksum, counts) is written, last: a shard counts as done
+only when its sidecar exists, so a killed run never mistakes a torn file for a finished one.
+``index.json``, written when every shard is done, describes the whole set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+FORMAT = "eyas-hidden/1"
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max
+
+
+def shard_path(directory: Path, shard: int) -> Path:
+    return directory / f"shard-{shard:05d}.safetensors"
+
+
+def sidecar_path(directory: Path, shard: int) -> Path:
+    return directory / f"shard-{shard:05d}.json"
+
+
+def index_path(directory: Path) -> Path:
+    return directory / "index.json"
+
+
+def quantize(x: torch.Tensor, layers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 e4m3 with one float32 scale per token and layer: [T, layers·H] → (values, scales [T, layers])."""
+    rows = x.float().reshape(x.shape[0], layers, -1)
+    scale = rows.abs().amax(dim=-1).clamp(min=1e-12) / FP8_MAX
+    return (rows / scale[..., None]).to(FP8).reshape(x.shape), scale
+
+
+def dequantize(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    rows = values.float().reshape(values.shape[0], scale.shape[1], -1) * scale[..., None]
+    return rows.reshape(values.shape).to(torch.bfloat16)
+
+
+class ShardBuffer:
+    """A shard assembled in preallocated tensors (no concatenation copy at the end)."""
+
+    def __init__(self, ids: list[str], lengths: list[int], hidden: int, num_aux: int, dtype: str):
+        self.ids, self.dtype, self.num_aux = ids, dtype, num_aux
+        total = sum(lengths)
+        self.offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+        self.offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+        storage = FP8 if dtype == "fp8" else torch.bfloat16
+        self.tensors = {
+            "aux": torch.empty(total, num_aux * hidden, dtype=storage),
+            "final": torch.empty(total, hidden, dtype=storage),
+            "input_ids": torch.empty(total, dtype=torch.int32),
+            "loss_mask": torch.empty(total, dtype=torch.uint8),
+            "offsets": self.offsets,
+        }
+        if dtype == "fp8":
+            self.tensors["aux_scale"] = torch.empty(total, num_aux, dtype=torch.float32)
+            self.tensors["final_scale"] = torch.empty(total, 1, dtype=torch.float32)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    def put(self, i: int, input_ids: list[int], loss_mask: list[int], aux: torch.Tensor, final: torch.Tensor) -> None:
+        """Store sample ``i`` (aux [T, 3H], final [T, H] on any device)."""
+        lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
+        self.tensors["input_ids"][lo:hi] = torch.tensor(input_ids, dtype=torch.int32)
+        self.tensors["loss_mask"][lo:hi] = torch.tensor(loss_mask, dtype=torch.uint8)
+        if self.dtype == "fp8":
+            aux, aux_scale = quantize(aux, self.num_aux)
+            final, final_scale = quantize(final, 1)
+            self.tensors["aux_scale"][lo:hi] = aux_scale.cpu()
+            self.tensors["final_scale"][lo:hi] = final_scale.cpu()
+        self.tensors["aux"][lo:hi] = aux.to(self.tensors["aux"].dtype).cpu()
+        self.tensors["final"][lo:hi] = final.to(self.tensors["final"].dtype).cpu()
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_shard(directory: Path, shard: int, buffer: ShardBuffer, info: dict) -> dict:
+    """Write the shard atomically, then its sidecar; returns the sidecar's content."""
+    final_path = shard_path(directory, shard)
+    tmp = final_path.with_name(f"{final_path.name}.tmp-{os.getpid()}")
+    # One metadata key: safetensors writes several in hash order, and a redone shard should be byte-identical.
+    save_file(buffer.tensors, tmp, metadata={"eyas": json.dumps({"format": FORMAT, "ids": buffer.ids})})
+    _fsync(tmp)
+    tmp.replace(final_path)
+    sidecar = {
+        "shard": shard,
+        "file": final_path.name,
+        "samples": len(buffer.ids),
+        "tokens": buffer.num_tokens,
+        "bytes": final_path.stat().st_size,
+        "sha256": file_sha256(final_path),
+        **info,
+    }
+    write_json_atomic(sidecar_path(directory, shard), sidecar)
+    return sidecar
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2))
+    _fsync(tmp)
+    tmp.replace(path)
+
+
+def read_sidecar(directory: Path, shard: int) -> dict | None:
+    """The sidecar of a finished shard, or None when the shard is not done."""
+    path = sidecar_path(directory, shard)
+    if not path.is_file() or not shard_path(directory, shard).is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def remove_partial(directory: Path, shard: int) -> None:
+    """Delete what a killed writer of this shard left: temp files, and a shard without sidecar."""
+    for leftover in directory.glob(f"shard-{shard:05d}.*.tmp-*"):
+        leftover.unlink(missing_ok=True)
+    if not sidecar_path(directory, shard).is_file():
+        shard_path(directory, shard).unlink(missing_ok=True)
+
+
+def _fsync(path: Path) -> None:
+    with path.open("rb") as f:
+        os.fsync(f.fileno())
+
