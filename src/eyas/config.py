@@ -282,6 +282,12 @@ class EvalConfig(Section):
     """0: greedy verification with a lossless check; >0: speculative rejection sampling."""
     prompts: str | None = None
     """Prompt file to evaluate on instead of the merge's held-out split."""
+    broken_control: bool = True
+    """Also run the drafter fed its aux states in the wrong order; its τ should collapse toward 1."""
+    lookup_max_ngram: int = Field(default=3, ge=1)
+    """Prompt-lookup baseline: longest n-gram matched against the context."""
+    seed: int = 0
+    """Sampling seed when temperature > 0 (each prompt draws from seed and its index)."""
 
 
 class RunConfig(Section):
@@ -365,6 +371,8 @@ def load_config(path: str | Path) -> RunConfig:
     base = path.resolve().parent
     updates: dict[str, Any] = {"run_dir": str((base / config.run_dir).resolve())}
     config = config.model_copy(update=updates)
+    if config.eval.prompts is not None:
+        config.eval.prompts = str((base / Path(config.eval.prompts).expanduser()).resolve())
     for d in config.datasets:
         # A relative local source is relative to the config file; a hub id stays as it is.
         local = (base / d.source).exists() or Path(d.source).suffix in (".jsonl", ".json", ".parquet")

@@ -1,0 +1,153 @@
+"""Stage 7 — eval: speculative decoding with the trained drafter, measured as a server would.
+
+Consumes the target, the exported drafter (``--draft DIR``, default the export) and prompts
+(the merge's held-out split, or ``eval.prompts`` / ``--prompts FILE`` in any stage-1 format).
+Produces ``<run_dir>/eval/report.json`` (config, τ, per-position acceptance, τ per dataset,
+speed with and without speculation, lossless check), ``acceptance.png`` and a printed table.
+
+Methods, all with the same ``eval.num_draft_tokens``: plain decoding (reference output and
+speed), prompt lookup (the baseline to beat), the EAGLE-3 drafter, and the same drafter fed
+its aux states in the wrong order (a control that must collapse toward τ = 1).
+
+Guarantees: with temperature 0 every method's output is checked against plain greedy
+decoding on every prompt, and any difference is reported as a failure. Per-prompt results
+are appended to ``eval/results-<settings hash>.jsonl`` as they finish, so an interrupted
+eval resumes and a changed setting or drafter never reuses stale results.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from eyas.config import ConfigError, RunConfig
+from eyas.console import console, progress
+from eyas.eval.decode import TargetRunner, greedy_decode, speculative_decode
+from eyas.eval.eagle import BROKEN_ORDER, EagleProposer, load_drafter
+from eyas.eval.lookup import PromptLookup
+from eyas.eval.plot import plot_acceptance
+from eyas.eval.prompts import EvalPrompt, load_eval_prompts
+from eyas.eval.report import PLAIN, PromptResult, lossless_failures, plain_summary, summarize, table, write_report
+from eyas.jsonl import DurableAppender, read_jsonl, recover
+from eyas.paths import RunPaths
+from eyas.records import content_hash
+
+log = logging.getLogger(__name__)
+
+__all__ = ["run", "default_draft_dir", "lossless_failures"]
+
+
+def default_draft_dir(paths: RunPaths) -> Path:
+    """Where ``eyas export`` puts the SGLang-format drafter by default."""
+    return paths.export_dir
+
+
+def run(config: RunConfig, quiet: bool = False, prompts: str | None = None, draft: Path | None = None) -> dict:
+    """Evaluate and return the report (also written to ``eval/report.json``)."""
+    from eyas.target import end_of_turn_id, load_model, load_tokenizer
+
+    paths = RunPaths.of(config)
+    cfg = config.eval
+    draft_dir = Path(draft) if draft else default_draft_dir(paths)
+    tokenizer = load_tokenizer(config.target)
+    model = load_model(config.target)
+    drafter = load_drafter(draft_dir, model)
+    eval_prompts = load_eval_prompts(config, tokenizer, prompts)
+    proposers = [PromptLookup(cfg.lookup_max_ngram), EagleProposer(drafter)]
+    if cfg.broken_control:
+        proposers.append(EagleProposer(drafter, "eagle3_broken_aux_order", BROKEN_ORDER))
+    stop_ids = {end_of_turn_id(tokenizer)} | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+
+    settings = {
+        "eval": cfg.model_dump(mode="json", exclude={"max_prompts"}),
+        "target": config.target.model,
+        "draft": _fingerprint(draft_dir),
+        "prompts": prompts or cfg.prompts,
+    }
+    results_path = paths.eval_dir / f"results-{content_hash(settings)}.jsonl"
+    done = _load_done(results_path)
+    methods = [PLAIN] + [p.name for p in proposers]
+    todo = sum(1 for p in eval_prompts for m in methods if (m, p.id) not in done)
+    started, tokens = time.monotonic(), 0
+    with DurableAppender(results_path) as out, progress(quiet) as bar:
+        task = bar.add_task("eval", total=todo, rate=0.0)
+        for index, prompt in enumerate(eval_prompts):
+            for name in methods:
+                if (name, prompt.id) in done:
+                    continue
+                result = _decode(model, prompt, name, proposers, cfg, stop_ids, index)
+                done[(name, prompt.id)] = result
+                out.write_json({"method": name, **asdict(result)})
+                tokens += len(result.tokens)
+                bar.update(task, advance=1, rate=tokens / max(time.monotonic() - started, 1e-9))
+
+    report = _report(config, draft_dir, eval_prompts, methods, done)
+    write_report(paths.eval_dir / "report.json", report)
+    plot_acceptance(report, paths.eval_dir / "acceptance.png")
+    if not quiet:
+        console.print(table(report))
+    failures = lossless_failures(report)
+    if failures:
+        log.error("lossless check FAILED: outputs differ from plain greedy decoding: %s", failures)
+    return report
+
+
+def _fingerprint(draft_dir: Path) -> dict:
+    """Identifies the drafter's weights without hashing them: path, size and mtime of each file."""
+    files = sorted(p for p in draft_dir.iterdir() if p.is_file())
+    return {"dir": str(draft_dir.resolve()), "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+
+
+def _load_done(path: Path) -> dict[tuple[str, str], PromptResult]:
+    if not path.exists():
+        return {}
+    recover(path)
+    done = {}
+    for _, row in read_jsonl(path):
+        method = row.pop("method")
+        done[(method, row["prompt_id"])] = PromptResult(**row)
+    return done
+
+
+def _decode(model, prompt: EvalPrompt, name: str, proposers, cfg, stop_ids: set[int], index: int) -> PromptResult:
+    if name == PLAIN:
+        with TargetRunner(model) as runner:
+            out = greedy_decode(runner, prompt.input_ids, cfg.max_new_tokens, stop_ids)
+    else:
+        proposer = next(p for p in proposers if p.name == name)
+        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index) if cfg.temperature > 0 else None
+        with TargetRunner(model, proposer.aux_layers) as runner:
+            out = speculative_decode(
+                runner, proposer, prompt.input_ids, cfg.num_draft_tokens, cfg.max_new_tokens,
+                stop_ids, cfg.temperature, generator,
+            )
+    return PromptResult(prompt.id, prompt.dataset, out.tokens, out.passes, out.seconds, out.accepted_at)
+
+
+def _report(config: RunConfig, draft_dir: Path, prompts: list[EvalPrompt], methods: list[str], done) -> dict:
+    cfg = config.eval
+    by_method = {m: [done[(m, p.id)] for p in prompts] for m in methods}
+    plain = plain_summary(by_method[PLAIN])
+    reference = {r.prompt_id: r.tokens for r in by_method[PLAIN]} if cfg.temperature == 0 else None
+    return {
+        "config": cfg.model_dump(mode="json"),
+        "target": config.target.model,
+        "draft": str(draft_dir),
+        "prompts": len(prompts),
+        "datasets": sorted({p.dataset for p in prompts}),
+        "plain": plain,
+        "methods": {
+            m: summarize(by_method[m], cfg.num_draft_tokens, reference, plain["tokens_per_s"]) for m in methods if m != PLAIN
+        },
+    }
+
+
+def require_report(paths: RunPaths) -> Path:
+    path = paths.eval_dir / "report.json"
+    if not path.is_file():
+        raise ConfigError(f"{path}: no eval report; run `eyas eval CONFIG`")
+    return path

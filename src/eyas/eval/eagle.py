@@ -1,0 +1,57 @@
+"""EAGLE-3 proposer: the trained drafter behind the loop's :class:`~eyas.eval.decode.Proposer`.
+
+The drafter keeps its own KV cache in a :class:`~eyas.train.draft.DraftSession`; the loop
+hands it the target's aux states at each committed position, as SGLang and vLLM do after
+every verification pass. ``aux_order`` permutes the three aux layers before the drafter sees
+them: ``(2, 1, 0)`` is the broken control — the reference job's concatenation bug — whose τ
+must collapse toward 1 if the drafter really uses what it was trained on.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from eyas.config import ConfigError
+
+BROKEN_ORDER = (2, 1, 0)
+
+
+def load_drafter(directory: Path, target_model):
+    """The drafter saved in ``directory`` (export or training checkpoint) on the target's device."""
+    from eyas.train.drafter import Eagle3Drafter
+
+    if not (directory / "config.json").is_file():
+        raise ConfigError(f"eval: {directory} holds no drafter (no config.json); run `eyas train` and `eyas export`, or pass --draft DIR")
+    drafter = Eagle3Drafter.load(directory, target_model)
+    drafter.eval().requires_grad_(False)
+    return drafter
+
+
+class EagleProposer:
+    """Implements the Proposer protocol with an :class:`~eyas.train.drafter.Eagle3Drafter`."""
+
+    def __init__(self, drafter, name: str = "eagle3", aux_order: tuple[int, ...] | None = None):
+        self.drafter = drafter
+        self.name = name
+        self.aux_layers = list(drafter.spec.aux_layers)
+        if aux_order is not None and sorted(aux_order) != list(range(len(self.aux_layers))):
+            raise ValueError(f"aux_order {aux_order} is not a permutation of the {len(self.aux_layers)} aux layers")
+        self.aux_order = aux_order
+        self.session = None
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        from eyas.train.draft import DraftSession
+
+        self.session = DraftSession(self.drafter)
+
+    def append(self, aux: torch.Tensor | None, next_tokens: list[int]) -> None:
+        if self.aux_order is not None:
+            parts = aux.chunk(len(self.aux_layers), dim=-1)
+            aux = torch.cat([parts[i] for i in self.aux_order], dim=-1)
+        self.session.append(aux, torch.tensor(next_tokens, dtype=torch.long, device=aux.device))
+
+    @torch.inference_mode()
+    def propose(self, k: int, temperature: float = 0.0) -> tuple[list[int], list[torch.Tensor] | None]:
+        return self.session.propose(k, temperature)

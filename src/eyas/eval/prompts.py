@@ -1,0 +1,66 @@
+"""The prompts eval decodes: the merge's held-out split, or any prompt file stage 1 reads.
+
+A held-out row's prompt is its tokens before the first trainable one (loss mask 1), so eval
+feeds the target exactly the ids the drafter would see in training, template included. A
+prompt file is rendered with the target's chat template and the generation prompt.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from eyas.config import ConfigError, DatasetConfig, RunConfig
+from eyas.paths import RunPaths
+
+
+@dataclass(frozen=True)
+class EvalPrompt:
+    id: str
+    dataset: str
+    input_ids: list[int]
+
+
+def load_eval_prompts(config: RunConfig, tokenizer, prompts_file: str | None = None) -> list[EvalPrompt]:
+    """At most ``eval.max_prompts`` prompts from ``prompts_file``, ``eval.prompts`` or the eval split."""
+    source = prompts_file or config.eval.prompts
+    prompts = _from_file(Path(source), tokenizer, config.eval.max_prompts) if source else _from_split(config)
+    if not prompts:
+        where = source or f"{RunPaths.of(config).merge_dir} (eval split)"
+        raise ConfigError(
+            f"eval: no prompts in {where}; set merge.eval_fraction or merge.eval_count above 0 and rerun merge, "
+            "or give eval.prompts / --prompts FILE"
+        )
+    return prompts
+
+
+def _from_split(config: RunConfig) -> list[EvalPrompt]:
+    from eyas.merge.reader import iter_split
+
+    limit = config.eval.max_prompts
+    prompts: list[EvalPrompt] = []
+    for row in iter_split(RunPaths.of(config), "eval", columns=["id", "dataset", "input_ids", "loss_mask"]):
+        if limit is not None and len(prompts) >= limit:
+            break
+        mask = row["loss_mask"]
+        if 1 not in mask or mask.index(1) == 0:
+            continue
+        prompts.append(EvalPrompt(row["id"], row["dataset"], list(row["input_ids"][: mask.index(1)])))
+    return prompts
+
+
+def _from_file(path: Path, tokenizer, limit: int | None) -> list[EvalPrompt]:
+    from eyas.prompts import iter_prompts
+
+    if not path.exists():
+        raise ConfigError(f"eval.prompts: {path} does not exist")
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", path.stem) or "prompts"
+    dataset = DatasetConfig(name=name, source=str(path), max_prompts=limit)
+    prompts = []
+    for record in iter_prompts(dataset):
+        encoded = tokenizer.apply_chat_template(
+            record.messages, tools=record.tools, add_generation_prompt=True, return_dict=True
+        )
+        prompts.append(EvalPrompt(record.record_id, name, list(encoded["input_ids"])))
+    return prompts

@@ -1,0 +1,105 @@
+"""Eval metrics, ``<run_dir>/eval/report.json`` and the printed table.
+
+Per method: acceptance length τ (committed tokens ÷ verification passes, pooled over prompts
+so long answers weigh by their length, as a serving engine's counters would), per-position
+acceptance (rounds whose i-th draft was accepted ÷ rounds), τ per dataset, tokens/s and the
+speed-up over plain greedy decoding, and the lossless check: with greedy verification every
+prompt's output must equal plain greedy decoding of the target, token for token.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.table import Table
+
+PLAIN = "plain"
+
+
+@dataclass
+class PromptResult:
+    prompt_id: str
+    dataset: str
+    tokens: list[int]
+    passes: int
+    seconds: float
+    accepted_at: list[int] = field(default_factory=list)
+
+
+def summarize(results: list[PromptResult], k: int, reference: dict[str, list[int]] | None, plain_tps: float | None) -> dict:
+    """One method's figures; ``reference`` maps prompt id to the plain greedy output (None: sampling)."""
+    generated = sum(len(r.tokens) - 1 for r in results)
+    passes = sum(r.passes for r in results)
+    tokens = sum(len(r.tokens) for r in results)
+    seconds = sum(r.seconds for r in results)
+    per_dataset: dict[str, list[int]] = {}
+    for r in results:
+        acc = per_dataset.setdefault(r.dataset, [0, 0])
+        acc[0] += len(r.tokens) - 1
+        acc[1] += r.passes
+    tps = tokens / seconds if seconds else 0.0
+    summary = {
+        "prompts": len(results),
+        "tokens": tokens,
+        "target_passes": passes,
+        "tau": generated / passes if passes else 1.0,
+        "per_position": [sum(r.accepted_at[i] for r in results if r.accepted_at) / passes if passes else 0.0 for i in range(k)],
+        "tau_per_dataset": {d: g / p if p else 1.0 for d, (g, p) in sorted(per_dataset.items())},
+        "seconds": seconds,
+        "tokens_per_s": tps,
+        "speedup": tps / plain_tps if plain_tps else None,
+    }
+    if reference is not None:
+        mismatched = [r.prompt_id for r in results if r.tokens != reference[r.prompt_id]]
+        summary["lossless"] = {"checked": len(results), "identical": len(results) - len(mismatched), "mismatched": mismatched}
+    return summary
+
+
+def plain_summary(results: list[PromptResult]) -> dict:
+    tokens = sum(len(r.tokens) for r in results)
+    seconds = sum(r.seconds for r in results)
+    return {"prompts": len(results), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0}
+
+
+def lossless_failures(report: dict) -> dict[str, list[str]]:
+    """Methods whose output differed from plain greedy decoding, with the prompt ids."""
+    return {
+        name: m["lossless"]["mismatched"]
+        for name, m in report["methods"].items()
+        if m.get("lossless", {}).get("mismatched")
+    }
+
+
+def write_report(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def table(report: dict) -> Table:
+    k = report["config"]["num_draft_tokens"]
+    t = Table(title=f"speculative decoding, {k} draft tokens, {report['prompts']} prompts")
+    t.add_column("method")
+    t.add_column("τ", justify="right")
+    for i in range(k):
+        t.add_column(f"acc@{i + 1}", justify="right")
+    t.add_column("tok/s", justify="right")
+    t.add_column("speed-up", justify="right")
+    t.add_column("lossless", justify="right")
+    plain = report["plain"]
+    t.add_row(PLAIN, "1.00", *["" for _ in range(k)], f"{plain['tokens_per_s']:.1f}", "1.00×", "reference")
+    for name, m in report["methods"].items():
+        lossless = m.get("lossless")
+        check = f"{lossless['identical']}/{lossless['checked']}" if lossless else "n/a (sampling)"
+        t.add_row(
+            name,
+            f"{m['tau']:.2f}",
+            *[f"{r:.2f}" for r in m["per_position"]],
+            f"{m['tokens_per_s']:.1f}",
+            f"{m['speedup']:.2f}×" if m["speedup"] else "",
+            check,
+        )
+    return t

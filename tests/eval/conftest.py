@@ -1,0 +1,23 @@
+"""A drafter overfit on three prompts (seconds), shared by the eval tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from eyas.eval.decode import TargetRunner, greedy_decode
+
+from .overfit import OVERFIT_NEW, TEXTS, overfit_drafter
+
+
+@pytest.fixture(scope="session")
+def overfit(model, tokenizer):
+    """(prompt ids, greedy continuations, stop ids, drafter trained on exactly those)."""
+    stop = {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    prompts = [
+        list(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, return_dict=True)["input_ids"])
+        for t in TEXTS
+    ]
+    with TargetRunner(model) as runner:
+        greedy = [greedy_decode(runner, p, OVERFIT_NEW, stop).tokens for p in prompts]
+    drafter = overfit_drafter(model, [p + g for p, g in zip(prompts, greedy)])
+    return prompts, greedy, stop, drafter

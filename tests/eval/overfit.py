@@ -1,0 +1,53 @@
+"""A drafter trained just enough to be accepted: overfit on the few sequences it is evaluated on.
+
+The broken-drafter test needs a drafter that really uses its aux states, in seconds, so it is
+trained here for a few seconds on the target's own greedy continuations of the eval prompts (hard labels, the
+target's argmax at every TTT step) with the drafter's training unroll.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from eyas.config import TrainConfig
+from eyas.extract.capture import capture, default_aux_layers, num_decoder_layers
+from eyas.train.drafter import Eagle3Drafter
+from eyas.train.spec import spec_for_target
+
+TEXTS = ("What is the capital of France?", "Name three primary colors.", "Why is the sky blue?")
+OVERFIT_NEW = 16
+"""Tokens generated per prompt, in training and in the tests that evaluate the drafter."""
+
+
+def overfit_drafter(model, sequences: list[list[int]], steps: int = 40, ttt_steps: int = 3, seed: int = 0) -> Eagle3Drafter:
+    torch.manual_seed(seed)
+    aux_layers = default_aux_layers(num_decoder_layers(model))
+    length = min(len(s) for s in sequences)
+    ids = torch.tensor([s[:length] for s in sequences])
+    captured = capture(model, ids, aux_layers=aux_layers)
+    # capture runs in inference mode; a plain copy can feed a graph that is differentiated.
+    aux = captured.aux.clone()
+    with torch.no_grad():
+        target_next = model.lm_head(captured.final).argmax(-1)  # [B, T]: greedy token after each position
+    used = torch.unique(torch.cat([ids.flatten(), target_next.flatten()]))
+    vocab = len(used)
+    spec = spec_for_target(model.config, TrainConfig(intermediate_size=512), aux_layers, vocab)
+    drafter = Eagle3Drafter(spec, model.get_input_embeddings().weight)
+    t2d = torch.zeros(spec.vocab_size, dtype=torch.bool)
+    t2d[used] = True
+    drafter.set_vocab(used - torch.arange(vocab), t2d)
+    to_draft = torch.full((spec.vocab_size,), -1, dtype=torch.long)
+    to_draft[used] = torch.arange(vocab)
+    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=2e-3)
+    drafter.train()
+    for _ in range(steps):
+        loss = 0.0
+        for k, logits in enumerate(drafter.unroll(aux, ids, ttt_steps)):
+            # Step k, row t predicts the target's choice at position t+1+k.
+            labels = to_draft[target_next[:, 1 + k :]]
+            loss = loss + F.cross_entropy(logits[:, : length - 1 - k].flatten(0, 1), labels.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return drafter.eval().requires_grad_(False)

@@ -1,0 +1,59 @@
+"""``eyas.eval.run`` end to end: report, plot, lossless check, resume, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eyas.config import load_config
+from tests.conftest import write_jsonl
+
+from .overfit import OVERFIT_NEW, TEXTS
+
+
+@pytest.fixture(scope="module")
+def run_setup(tmp_path_factory, overfit):
+    root = tmp_path_factory.mktemp("evalrun")
+    drafter = overfit[3]
+    drafter.save(root / "draft")
+    write_jsonl(root / "prompts.jsonl", [{"prompt": t} for t in TEXTS[:2]])
+    (root / "run.yaml").write_text(
+        "run_dir: run\n"
+        "target: {model: embedded, device: cpu}\n"
+        f"eval: {{num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl}}\n"
+    )
+    return root
+
+
+@pytest.mark.slow
+def test_run_writes_report_and_plot_and_resumes(run_setup):
+    from eyas import eval as stage
+
+    config = load_config(run_setup / "run.yaml")
+    report = stage.run(config, quiet=True, draft=run_setup / "draft")
+    out = run_setup / "run" / "eval"
+    assert json.loads((out / "report.json").read_text()) == report
+    assert (out / "acceptance.png").stat().st_size > 10_000
+    methods = report["methods"]
+    assert set(methods) == {"prompt_lookup", "eagle3", "eagle3_broken_aux_order"}
+    for m in methods.values():
+        assert m["lossless"] == {"checked": 2, "identical": 2, "mismatched": []}
+        assert len(m["per_position"]) == 3 and m["tau_per_dataset"].keys() == {"prompts"}
+    assert methods["eagle3"]["tau"] > methods["eagle3_broken_aux_order"]["tau"]
+    rates = methods["eagle3"]["per_position"]
+    assert rates[0] > 0 and rates == sorted(rates, reverse=True)  # position i+1 accepted only after i
+
+    results = list(out.glob("results-*.jsonl"))
+    assert len(results) == 1 and len(results[0].read_text().splitlines()) == 2 * 4
+    again = stage.run(config, quiet=True, draft=run_setup / "draft")
+    assert len(results[0].read_text().splitlines()) == 2 * 4  # nothing decoded twice
+    assert again["methods"]["eagle3"]["tau"] == methods["eagle3"]["tau"]
+
+
+def test_missing_drafter_is_a_clear_error(run_setup, tmp_path):
+    from eyas import eval as stage
+    from eyas.config import ConfigError
+
+    with pytest.raises(ConfigError, match="no drafter"):
+        stage.run(load_config(run_setup / "run.yaml"), quiet=True, draft=tmp_path)
