@@ -92,6 +92,36 @@ def extract(config: ConfigArg, quiet: QuietOpt = False) -> None:
 
 
 @app.command()
+def train(
+    config: ConfigArg,
+    stop_after: Annotated[int | None, typer.Option(min=1, help="Stop after this many steps (with a checkpoint); rerun to continue.")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Stage 6: train the EAGLE-3 drafter (resumes from the newest checkpoint; torchrun-aware)."""
+    from eyas import train as stage
+
+    result = stage.run(_open_run(config, quiet), quiet, stop_after)
+    if result["eval"] is not None:
+        accs = " ".join(f"{a:.3f}" for a in result["eval"]["acc"])
+        console.print(f"eval: acc per step {accs}; simulated acceptance length {result['eval']['acceptance_length']:.3f}")
+    if result["final"] is not None:
+        console.print(f"drafter: {result['final']}")
+
+
+@app.command()
+def export(
+    config: ConfigArg,
+    format: Annotated[str, typer.Option("--format", help="sglang, vllm or speculators.")] = "sglang",
+    out: Annotated[Path | None, typer.Option(help="Output directory (default run_dir/export/FORMAT).")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Write the trained drafter in a layout SGLang, vLLM or speculators serves."""
+    from eyas import export as stage
+
+    console.print(f"exported to {stage.run(_open_run(config, quiet), format, out, quiet)}")
+
+
+@app.command()
 def status(config: ConfigArg) -> None:
     """Per dataset: prompts, records done, completion tokens, finish reasons."""
     from eyas.generate.status import collect, table

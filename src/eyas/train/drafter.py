@@ -155,6 +155,10 @@ class Eagle3Drafter(nn.Module):
             hidden = self.midlayer.finish(hidden, ttt_attention(q, k0, v0, extra))
             yield self.logits(hidden)
 
+    def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:
+        """All steps' logits at once (what DDP wraps)."""
+        return list(self.unroll(aux, input_ids, steps))
+
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Everything that is saved: all weights and buffers except the target's embedding."""
         return {k: v for k, v in self.state_dict().items() if not k.startswith(("embed_tokens.", "rotary."))}

@@ -1,0 +1,146 @@
+"""Training batches: token ids, loss masks and the target's hidden states, online or offline.
+
+- online (``extract.mode: online``): the merged train split is read into memory as token
+  ids; each batch runs the target once (:func:`eyas.extract.capture.capture`) and the
+  hidden states are used and dropped, never stored.
+- offline: samples come from the extracted shards (:class:`eyas.extract.reader.HiddenStates`),
+  which carry their own ids and masks.
+
+The data order is a pure function of ``(seed, epoch)``: step s reads global batch
+``s mod steps_per_epoch`` of epoch ``s // steps_per_epoch``, and rank r takes every
+world-th sample of it. Resuming at step s therefore needs nothing but s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from eyas.config import ConfigError
+from eyas.extract.capture import capture
+from eyas.paths import RunPaths
+
+
+@dataclass
+class Sample:
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor
+    """[B,T] int64, right-padded with 0."""
+    loss_mask: torch.Tensor
+    """[B,T] bool, False on padding."""
+    aux: torch.Tensor
+    """[B,T,3·H_target]."""
+    final: torch.Tensor
+    """[B,T,H_target] after the target's final norm."""
+    tokens: int
+    """Real (unpadded) tokens in the batch."""
+
+
+def read_split(paths: RunPaths, split: str, max_seq_len: int) -> list[Sample]:
+    """A merged split's ids and masks, each truncated to ``max_seq_len``."""
+    from eyas.merge.reader import iter_split
+
+    return [
+        Sample(np.asarray(row["input_ids"][:max_seq_len], dtype=np.int64), np.asarray(row["loss_mask"][:max_seq_len], dtype=bool))
+        for row in iter_split(paths, split, columns=["input_ids", "loss_mask"])
+    ]
+
+
+def pad(samples: list[Sample], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max(len(s.input_ids) for s in samples)
+    ids = torch.zeros(len(samples), longest, dtype=torch.long)
+    mask = torch.zeros(len(samples), longest, dtype=torch.bool)
+    for i, s in enumerate(samples):
+        ids[i, : len(s.input_ids)] = torch.from_numpy(s.input_ids)
+        mask[i, : len(s.loss_mask)] = torch.from_numpy(s.loss_mask)
+    return ids.to(device), mask.to(device)
+
+
+class OnlineSource:
+    """Samples whose hidden states the target computes per batch, in this process."""
+
+    def __init__(self, samples: list[Sample], model, aux_layers: list[int], device: torch.device) -> None:
+        self.samples, self.model, self.aux_layers, self.device = samples, model, aux_layers, device
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def batch(self, indices: list[int]) -> Batch:
+        ids, mask = pad([self.samples[i] for i in indices], self.device)
+        # Right padding needs no attention mask: causal attention keeps real positions
+        # from ever seeing the padding after them, and padded positions carry no loss.
+        states = capture(self.model, ids, aux_layers=self.aux_layers)
+        # capture runs under inference_mode; a clone is an ordinary tensor autograd may save.
+        return Batch(ids, mask, states.aux.clone(), states.final.clone(), sum(len(self.samples[i].input_ids) for i in indices))
+
+
+class OfflineSource:
+    """Samples and hidden states read from the extracted shards."""
+
+    def __init__(self, hidden_dir, max_seq_len: int, device: torch.device) -> None:
+        from eyas.extract.reader import HiddenStates
+
+        self.states = HiddenStates(hidden_dir)
+        self.max_seq_len, self.device = max_seq_len, device
+
+    @property
+    def aux_layers(self) -> list[int]:
+        return list(self.states.aux_layers)
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def batch(self, indices: list[int]) -> Batch:
+        items = [self.states[i] for i in indices]
+        n = self.max_seq_len
+        samples = [Sample(np.asarray(s.input_ids[:n], dtype=np.int64), np.asarray(s.loss_mask[:n], dtype=bool)) for s in items]
+        ids, mask = pad(samples, self.device)
+        aux = torch.zeros(len(items), ids.shape[1], items[0].aux.shape[-1], dtype=items[0].aux.dtype)
+        final = torch.zeros(len(items), ids.shape[1], items[0].final.shape[-1], dtype=items[0].final.dtype)
+        for i, s in enumerate(items):
+            aux[i, : len(samples[i].input_ids)] = s.aux[:n]
+            final[i, : len(samples[i].input_ids)] = s.final[:n]
+        return Batch(ids, mask, aux.to(self.device), final.to(self.device), sum(len(s.input_ids) for s in samples))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Which samples each optimizer step reads."""
+
+    num_samples: int
+    batch_size: int
+    seed: int
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return max(1, self.num_samples // self.batch_size)
+
+    def global_batch(self, step: int) -> list[int]:
+        epoch, index = divmod(step, self.steps_per_epoch)
+        order = _permutation(self.num_samples, self.seed + epoch)
+        return order[index * self.batch_size : (index + 1) * self.batch_size]
+
+    def rank_batch(self, step: int, rank: int, world: int) -> list[int]:
+        return self.global_batch(step)[rank::world]
+
+
+@lru_cache(maxsize=2)
+def _permutation(n: int, seed: int) -> list[int]:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def check_sizes(num_samples: int, batch_size: int, world: int, source: str) -> None:
+    if num_samples == 0:
+        raise ConfigError(f"{source}: the training split is empty")
+    if batch_size % world:
+        raise ConfigError(f"train.batch_size: {batch_size} is not divisible by the {world} data-parallel ranks")
+    if min(num_samples, batch_size) < world:
+        raise ConfigError(f"{source}: {num_samples} samples cannot feed {world} ranks")

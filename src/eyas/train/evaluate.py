@@ -1,0 +1,68 @@
+"""Held-out evaluation during training: per-step loss, top-1 accuracy, simulated acceptance length.
+
+The same TTT unroll as training with ground-truth tokens fed at every step, so step k's
+accuracy approximates the chance that draft k is accepted once drafts 1..k-1 were; the
+simulated acceptance length 1 + Σₖ Πᵢ≤ₖ accᵢ follows. Each rank scores its share; one
+all-reduce at the end combines them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eyas.train.loss import StepStats, Targets, acceptance_length, needed_positions, step_stats, target_distribution
+
+
+@dataclass
+class TargetHead:
+    """What the loss needs from the target: its lm_head and the draft vocabulary."""
+
+    lm_head: torch.Tensor
+    used: torch.Tensor
+    """[V_draft] target ids of the draft vocabulary, sorted."""
+    t2d: torch.Tensor
+
+    def targets(self, batch) -> Targets:
+        return target_distribution(batch.final, self.lm_head, self.used, self.t2d, needed_positions(batch.loss_mask))
+
+
+def batch_stats(forward, drafter, batch, head: TargetHead, steps: int) -> list[StepStats]:
+    """Unroll ``forward`` (the drafter or its DDP wrapper) over a batch; per-step sums."""
+    targets = head.targets(batch)
+    return [
+        step_stats(logits, k, batch.loss_mask, targets, drafter.d2t)
+        for k, logits in enumerate(forward(batch.aux, batch.input_ids, steps))
+    ]
+
+
+def totals(stats: list[StepStats]) -> torch.Tensor:
+    """[4, steps]: loss sums, loss counts, hits, scored positions (detached, float64)."""
+    return torch.stack(
+        [torch.stack([getattr(s, f).detach().double() for s in stats]) for f in ("loss_sum", "loss_count", "correct", "scored")]
+    )
+
+
+def summarize(sums: torch.Tensor) -> dict:
+    loss_sum, loss_count, correct, scored = sums.cpu()
+    acc = (correct / scored.clamp(min=1)).tolist()
+    return {
+        "loss": (loss_sum / loss_count.clamp(min=1)).tolist(),
+        "acc": acc,
+        "acceptance_length": acceptance_length(acc),
+        "scored": int(scored[0]),
+    }
+
+
+@torch.no_grad()
+def evaluate(drafter, source, head: TargetHead, steps: int, batch_size: int, world, autocast) -> dict:
+    was_training = drafter.training
+    drafter.eval()
+    mine = list(range(world.rank, len(source), world.size))
+    sums = torch.zeros(4, steps, dtype=torch.float64, device=world.device)
+    for start in range(0, len(mine), batch_size):
+        with autocast():
+            sums += totals(batch_stats(drafter, drafter, source.batch(mine[start : start + batch_size]), head, steps))
+    drafter.train(was_training)
+    return {**summarize(world.sum(sums)), "samples": len(source)}

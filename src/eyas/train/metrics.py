@@ -1,0 +1,33 @@
+"""``train/metrics.jsonl``: one JSON line per optimizer step (``split: train``) and per evaluation
+(``split: eval``). On resume, lines past the restored step are dropped so the file reads as one run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    def __init__(self, path: Path, enabled: bool) -> None:
+        self.path, self.enabled = path, enabled
+
+    def truncate_after(self, step: int) -> None:
+        if not self.enabled or not self.path.is_file():
+            return
+        kept = [line for line in self.path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def read_metrics(path: Path, split: str = "train") -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line]
+    return [r for r in rows if r["split"] == split]
