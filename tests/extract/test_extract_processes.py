@@ -1,0 +1,68 @@
+"""Extraction as real processes: killed with SIGKILL and resumed; split across ranks by torchrun."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from eyas.extract.reader import HiddenStates
+from eyas.merge.reader import iter_split
+from eyas.paths import RunPaths
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def write_config(merged_run, path: Path, **extract) -> Path:
+    data = merged_run.model_dump(mode="json")
+    data["extract"].update(extract)
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def test_killed_extract_resumes_without_redoing_finished_shards(merged_run, tmp_path):
+    config = write_config(merged_run, tmp_path / "run.yaml", shard_tokens=1)  # one sample per shard
+    hidden = RunPaths.of(merged_run).hidden_dir
+    proc = subprocess.Popen([sys.executable, "-m", "eyas", "extract", str(config), "-q"], env=env(), cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while not (hidden / "shard-00000.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = sorted(hidden.glob("shard-*.json"))
+    assert done and not (hidden / "index.json").exists() or len(done) == 6
+    if len(done) == 6:  # the kill came too late to interrupt: take the last shard away instead
+        for p in (done[-1], done[-1].with_suffix(".safetensors")):
+            p.unlink()
+        done = done[:-1]
+    finished = {p.with_suffix(".safetensors"): p.with_suffix(".safetensors").stat().st_mtime_ns for p in done}
+
+    subprocess.run([sys.executable, "-m", "eyas", "extract", str(config), "-q"], env=env(), cwd=ROOT, check=True)
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished
+    states = HiddenStates(hidden)
+    assert len(states) == 6 and states.verify() == [] and not list(hidden.glob("*.tmp-*"))
+    assert [states[i].id for i in range(6)] == [r["id"] for r in iter_split(RunPaths.of(merged_run), "train")]
+
+
+def test_torchrun_ranks_write_their_own_shards(merged_run, tmp_path):
+    config = write_config(merged_run, tmp_path / "run.yaml", shard_tokens=1)
+    torchrun = Path(sys.executable).with_name("torchrun")
+    subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "eyas", "extract", str(config), "-q"],
+        env=env(), cwd=ROOT, check=True, timeout=300,
+    )
+    hidden = RunPaths.of(merged_run).hidden_dir
+    ranks = [json.loads((hidden / f"shard-{s:05d}.json").read_text())["rank"] for s in range(6)]
+    assert ranks == [0, 1, 0, 1, 0, 1]
+    states = HiddenStates(hidden)
+    assert len(states) == 6 and states.verify() == []
