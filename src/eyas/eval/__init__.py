@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.config import ConfigError, RunConfig
+from eyas.config import RunConfig
 from eyas.console import console, progress
 from eyas.eval.decode import TargetRunner, greedy_decode, speculative_decode
 from eyas.eval.eagle import BROKEN_ORDER, EagleProposer, load_drafter
@@ -43,7 +43,7 @@ __all__ = ["run", "default_draft_dir", "lossless_failures"]
 
 def default_draft_dir(paths: RunPaths) -> Path:
     """Where ``eyas export`` puts the SGLang-format drafter by default."""
-    return paths.export_dir
+    return paths.export_dir / "sglang"
 
 
 def run(config: RunConfig, quiet: bool = False, prompts: str | None = None, draft: Path | None = None) -> dict:
@@ -145,9 +145,3 @@ def _report(config: RunConfig, draft_dir: Path, prompts: list[EvalPrompt], metho
         },
     }
 
-
-def require_report(paths: RunPaths) -> Path:
-    path = paths.eval_dir / "report.json"
-    if not path.is_file():
-        raise ConfigError(f"{path}: no eval report; run `eyas eval CONFIG`")
-    return path
