@@ -54,8 +54,11 @@ def client_eyas(base_url: str, requests: int, concurrency: int) -> dict:
     generate.run(config, quiet=True)
     wall = time.monotonic() - t0
     cpu1, rss = _usage()
-    done = sum(1 for _ in (work / "run" / "generate" / "bench.jsonl").open())
-    return {"requests": requests, "done": done, "wall_s": wall, "cpu_s": cpu1 - cpu0, "rss_mb": rss}
+    records = [json.loads(line) for line in (work / "run" / "generate" / "bench.jsonl").open()]
+    latencies = sorted(r["latency_s"] for r in records)
+    return {"requests": requests, "done": len(records), "wall_s": wall, "cpu_s": cpu1 - cpu0, "rss_mb": rss,
+            "p50_latency_s": latencies[len(latencies) // 2], "max_latency_s": latencies[-1],
+            "retried": sum(r["attempts"] > 1 for r in records)}
 
 
 def client_openai(base_url: str, requests: int, concurrency: int) -> dict:
@@ -149,6 +152,8 @@ def main() -> None:
         per_req[name] = r["cpu_s"] / r["requests"] * 1000
         print(f"{name:32} {r['requests']:>9,} {r['done']:>7,} {r['wall_s']:>8.1f} {ideal:>8.1f} {r['wall_s'] / ideal:>10.2f} "
               f"{r['cpu_s']:>8.1f} {per_req[name]:>12.3f} {r['rss_mb']:>11.0f}")
+    r = rows["eyas (aiohttp)"]
+    print(f"\neyas request latency: p50 {r['p50_latency_s']:.2f} s, max {r['max_latency_s']:.2f} s (server latency {args.latency:g} s); {r['retried']} requests needed a retry")
     a, b = per_req.values()
     print(f"\nCPU s per 1,000 requests = ms per request. AsyncOpenAI / eyas CPU per request: {b / a:.1f}x")
 

@@ -91,8 +91,8 @@ class FakeOpenAI:
         attempt = self.attempts[prompt]
         directives = {m.group(1): int(m.group(2) or 1) for m in DIRECTIVE.finditer(prompt)}
         failing = {d for d, n in directives.items() if attempt <= n}
-        if self.latency_s:
-            await asyncio.sleep(self.latency_s)
+        if self.latency_s and not body.get("stream"):
+            await asyncio.sleep(self.latency_s)  # a stream spends its latency sending keep-alives instead
         if self.credits_usd is not None and self.charged >= self.credits_usd:
             return self._error(402, "Insufficient credits. Add more using https://openrouter.ai/credits")
         if "ctx" in directives:
@@ -151,7 +151,10 @@ class FakeOpenAI:
             return {"id": gen_id, "provider": "FakeAI", "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
 
         for _ in range(self.keepalives):
+            await asyncio.sleep(self.latency_s / self.keepalives)
             await resp.write(b": OPENROUTER PROCESSING\n\n")
+        if not self.keepalives:
+            await asyncio.sleep(self.latency_s)
         await send(chunk({"role": "assistant", "reasoning": "let me "}))
         await send(chunk({"reasoning": "think"}))
         words = [content] if len(content) > 10_000 else content.split(" ")  # a huge answer arrives in one chunk

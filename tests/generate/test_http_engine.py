@@ -189,3 +189,16 @@ def test_a_rejected_key_fails_fast_without_printing_it(tmp_path, monkeypatch, ca
     assert "sk-secret-123" not in caplog.text
     assert sum(fake.attempts.values()) <= 4  # only what was in flight when the first 401 came back
     assert not lines(tmp_path / "run" / "generate" / "ds.jsonl")
+
+
+def test_keepalives_hold_a_slow_stream_open_while_silence_times_out(tmp_path):
+    fake = FakeOpenAI(latency_s=0.6, keepalives=4)  # 0.6 s to answer: a keep-alive every 0.15 s when streaming
+    with FakeServer(fake) as server:
+        streamed = make_config(tmp_path / "sse", server.base_url, ["slow one"], stream=True, read_timeout_s=0.4)
+        generate.run(streamed, quiet=True)
+        silent = make_config(tmp_path / "json", server.base_url, ["slow two"], read_timeout_s=0.4, max_attempts=2)
+        generate.run(silent, quiet=True)
+    assert [r["content"] for r in lines(tmp_path / "sse" / "run" / "generate" / "ds.jsonl")] == ["answer to: slow one"]
+    assert not lines(tmp_path / "json" / "run" / "generate" / "ds.jsonl")
+    [error] = lines(tmp_path / "json" / "run" / "generate" / "ds.errors.jsonl")
+    assert (error["cause"], error["attempts"]) == ("timeout", 2)
