@@ -1,0 +1,119 @@
+"""Export layouts: golden key lists, config keys, reload to identical outputs, the CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import eyas.export
+from eyas.config import ConfigError
+from eyas.train.drafter import Eagle3Drafter
+from tests.train.conftest import load_tiny, subprocess_env, write_config
+from tests.train.helpers import small_drafter
+
+MIDLAYER = [
+    "input_layernorm.weight",
+    "hidden_norm.weight",
+    "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+]
+SGLANG_KEYS = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {f"midlayer.{k}" for k in MIDLAYER}
+SPECULATORS_KEYS = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {f"layers.0.{k}" for k in MIDLAYER}
+LLAMA_CONFIG_KEYS = {
+    "model_type", "num_hidden_layers", "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "rope_theta", "rope_scaling",
+    "max_position_embeddings", "tie_word_embeddings", "attention_bias", "mlp_bias", "torch_dtype",
+}
+SGLANG_CONFIG_KEYS = LLAMA_CONFIG_KEYS | {
+    "architectures", "draft_vocab_size", "target_hidden_size", "eagle_config", "eagle_aux_hidden_state_layer_ids",
+}
+SPECULATORS_CONFIG_KEYS = {
+    "architectures", "speculators_model_type", "transformer_layer_config", "draft_vocab_size", "norm_before_residual",
+    "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "speculators_config", "torch_dtype",
+}
+
+
+@pytest.fixture
+def trained_run(tmp_path, model):
+    run_dir = tmp_path / "run"
+    drafter = small_drafter(model)
+    drafter.save(run_dir / "train" / "final")
+    return run_dir, drafter
+
+
+def outputs(drafter):
+    torch.manual_seed(0)
+    aux, ids = torch.randn(1, 7, 3 * 576), torch.randint(0, 49152, (1, 7))
+    with torch.no_grad():
+        return [x.clone() for x in drafter.unroll(aux, ids, 3)]
+
+
+@pytest.mark.parametrize("fmt", ["sglang", "vllm"])
+def test_sglang_and_vllm_layout(trained_run, model, fmt):
+    run_dir, drafter = trained_run
+    out = eyas.export.run(load_tiny(run_dir), fmt)
+    assert out == run_dir / "export" / fmt
+    assert set(load_file(str(out / "model.safetensors"))) == SGLANG_KEYS
+    config = json.loads((out / "config.json").read_text())
+    assert set(config) == SGLANG_CONFIG_KEYS
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["model_type"] == "llama"
+    assert config["num_hidden_layers"] == 1 and config["tie_word_embeddings"] is False
+    assert config["vocab_size"] == 49152 and config["draft_vocab_size"] == 512 and config["target_hidden_size"] == 576
+    assert config["eagle_aux_hidden_state_layer_ids"] == config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+    assert config["rope_theta"] == 100000.0 and config["rope_scaling"] is None
+    readme = (out / "README.md").read_text()
+    assert "--speculative-algorithm EAGLE3" in readme and f"--speculative-draft-model-path {out.resolve()}" in readme
+    assert '"method": "eagle3"' in readme
+    for a, b in zip(outputs(drafter), outputs(Eagle3Drafter.load(out, model))):
+        assert torch.equal(a, b)
+
+
+def test_speculators_layout(trained_run, model, tmp_path):
+    run_dir, drafter = trained_run
+    out = eyas.export.run(load_tiny(run_dir), "speculators", out=tmp_path / "spec")
+    assert set(load_file(str(out / "model.safetensors"))) == SPECULATORS_KEYS
+    config = json.loads((out / "config.json").read_text())
+    assert set(config) == SPECULATORS_CONFIG_KEYS
+    assert set(config["transformer_layer_config"]) == LLAMA_CONFIG_KEYS | {"architectures"}
+    assert config["architectures"] == ["Eagle3Speculator"] and config["speculators_model_type"] == "eagle3"
+    assert config["norm_before_residual"] is False
+    spec = config["speculators_config"]
+    assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
+    assert spec["proposal_methods"] == [{"proposal_type": "greedy", "speculative_tokens": 3}]
+    assert spec["verifier"]["architectures"] == ["LlamaForCausalLM"] and spec["verifier"]["name_or_path"]
+    for a, b in zip(outputs(drafter), outputs(Eagle3Drafter.load(out, model))):
+        assert torch.equal(a, b)
+
+
+def test_export_before_training_names_the_missing_directory(tmp_path):
+    with pytest.raises(ConfigError, match="train/final"):
+        eyas.export.run(load_tiny(tmp_path / "run"))
+
+
+def test_cli_export_and_bad_format(trained_run):
+    run_dir, _ = trained_run
+    config = write_config(run_dir)
+    done = subprocess.run([sys.executable, "-m", "eyas", "export", str(config), "--format", "vllm"],
+                          capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (run_dir / "export" / "vllm" / "model.safetensors").is_file()
+    bad = subprocess.run([sys.executable, "-m", "eyas", "export", str(config), "--format", "onnx"],
+                         capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    assert bad.returncode == 2 and "--format" in bad.stdout + bad.stderr
+
+
+def test_speculators_readme_serves_the_directory(trained_run, tmp_path):
+    run_dir, _ = trained_run
+    out = eyas.export.run(load_tiny(run_dir), "speculators")
+    assert f"vllm serve {out.resolve()}" in (out / "README.md").read_text()
