@@ -121,6 +121,41 @@ def export(
     console.print(f"exported to {stage.run(_open_run(config, quiet), format, out, quiet)}")
 
 
+@app.command("eval")
+def eval_(
+    config: ConfigArg,
+    prompts: Annotated[Path | None, typer.Option(help="Prompt file (any stage-1 format) instead of the held-out split.")] = None,
+    draft: Annotated[Path | None, typer.Option(help="Drafter directory (default run_dir/export/sglang).")] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Stage 7: speculative decoding with the drafter vs prompt lookup: τ, acceptance, lossless check."""
+    from eyas import eval as stage
+
+    report = stage.run(_open_run(config, quiet), quiet, prompts=str(prompts) if prompts else None, draft=draft)
+    failures = stage.lossless_failures(report)
+    if failures:
+        console.print(f"[bold red]lossless check failed:[/] outputs differ from greedy decoding: {failures}")
+        raise typer.Exit(1)
+
+
+@app.command("run")
+def run_stages(
+    config: ConfigArg,
+    first: Annotated[str | None, typer.Option("--from", help="First stage: generate, tokenize, merge, extract, train, export, eval.")] = None,
+    last: Annotated[str | None, typer.Option("--to", help="Last stage.")] = None,
+    verify_ids: Annotated[bool, typer.Option("--verify-ids", help="Tokenize: compare rebuilt ids with sampled ids.")] = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Run the configured stages in order; finished stages are skipped, stale input is refused."""
+    from eyas import pipeline
+    from eyas.eval.report import lossless_failures
+
+    results = pipeline.run(_open_run(config, quiet), quiet, first, last, verify_ids, config_path=str(config))
+    eval_report = results.get("eval", {}).get("result")
+    if eval_report and lossless_failures(eval_report):
+        raise typer.Exit(1)
+
+
 @app.command()
 def status(config: ConfigArg) -> None:
     """Per dataset: prompts, records done, completion tokens, finish reasons."""
