@@ -226,10 +226,14 @@ class Engine:
 
     def _request_ended(self, task: asyncio.Task) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None and self._crash is None:
-            # A bug, not a server problem: stop launching and re-raise it once in-flight work is saved.
-            self._crash = task.exception()
-            self.stop(RunStopped(f"internal error: {self._crash!r}"))
+        if not task.cancelled() and task.exception() is not None:
+            self._crashed(task.exception())
+
+    def _crashed(self, error: BaseException) -> None:
+        """A bug or a local failure (disk full), not a server problem: stop launching, re-raise at the end."""
+        if self._crash is None:
+            self._crash = error
+            self.stop(RunStopped(f"internal error: {error!r}"))
 
     # -- one request -------------------------------------------------------------------------
 
@@ -250,12 +254,12 @@ class Engine:
                 except RequestFailure as e:
                     failure = e.failure
                     self.pool.failed(server, failure.cause, time.monotonic())
-                    self.retries[failure.cause.value] += 1
                     delay = self._on_failure(failure, attempt)
                     if delay is None:
                         if failure.cause not in (Cause.CREDITS, Cause.REJECTED):
                             outcome.error = _error_entry(prompt, failure, attempt)
                         return
+                    self.retries[failure.cause.value] += 1
                     await asyncio.sleep(delay)
                     if self.stop_reason is not None and isinstance(self.stop_reason, (CreditsExhausted, RequestRejected)):
                         return
@@ -303,6 +307,8 @@ class Engine:
             outcome = await self._outcomes.get()
             try:
                 self._settle(outcome)
+            except Exception as e:  # keep draining, or run() would wait for these outcomes forever
+                self._crashed(e)
             finally:
                 self._outcomes.task_done()
                 self._changed.set()
