@@ -170,3 +170,41 @@ def test_shifted_special_ids_are_an_error(encoding):
     bad = tiktoken.Encoding("shifted", pat_str=encoding._pat_str, mergeable_ranks=encoding._mergeable_ranks, special_tokens=shifted)
     with pytest.raises(ConfigError, match="</think> id 163604, the format expects 163607"):
         FORMATS["kimi-k2.5"](TiktokenEncoder(bad))
+
+
+def test_run_on_a_kimi_model_dir_writes_the_golden_ids(tmp_path):
+    """The whole stage through the config: the rank file is read from the model directory."""
+    import shutil
+    from dataclasses import replace
+
+    import pyarrow.parquet as pq
+
+    from eyas import tokenize
+    from eyas.config import parse_config
+    from eyas.paths import RunPaths
+    from eyas.records import Usage
+
+    model = tmp_path / "kimi-model"
+    model.mkdir()
+    shutil.copy(CL100K, model / "tiktoken.model")
+    (model / "config.json").write_text("{}")
+    config = parse_config(
+        {
+            "run_dir": str(tmp_path / "run"),
+            "target": {"model": str(model)},
+            "datasets": [{"name": "kimi", "source": "unused.jsonl"}],
+            "tokenize": {"format": "kimi-k2.5"},
+        }
+    )
+    path = RunPaths.of(config).generations("kimi")
+    path.parent.mkdir(parents=True)
+    names = ["reasoning_and_content", "cjk_and_emoji", "length_truncated_in_content"]
+    rows = [replace(CASES[n], id=f"kimi/{i}", usage=Usage(completion_tokens=len(GOLDEN[n]))) for i, n in enumerate(names)]
+    path.write_text("".join(r.to_json() + "\n" for r in rows))
+    report = tokenize.run(config, quiet=True)["datasets"]["kimi"]
+    assert report["billing_exact_rate"] == 1.0 and report["samples"] == 3
+    table = pq.read_table(RunPaths.of(config).tokenized("kimi")).to_pylist()
+    for name, row in zip(names, table):
+        assert row["input_ids"] == PROMPT_HI + GOLDEN[name]
+        assert row["loss_mask"] == [0] * len(PROMPT_HI) + [1] * len(GOLDEN[name])
+        assert row["format"] == "kimi-k2.5"

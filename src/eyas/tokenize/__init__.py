@@ -26,7 +26,7 @@ from eyas.console import console, progress
 from eyas.generate.store import read_records
 from eyas.paths import RunPaths
 from eyas.tokenize.formats import Format
-from eyas.tokenize.report import DatasetReport, table
+from eyas.tokenize.report import DatasetReport, details, table
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,9 @@ def run(config: RunConfig, quiet: bool = False, verify_ids: bool = False) -> dic
     _write_json(paths.tokenize_report, result)
     if not quiet:
         console.print(table(reports))
+        for r in reports:
+            for line in details(r):
+                console.print(line, markup=False, highlight=False)
     return result
 
 

@@ -30,6 +30,13 @@ class Layout:
 
 def probe(encoder) -> Layout:
     """The assistant turn's layout, or a ConfigError saying why the template cannot be used."""
+    try:
+        return _probe(encoder)
+    except PlanError as e:
+        raise ConfigError(f"tokenize.format auto: the chat template fails on a probe conversation ({e})") from None
+
+
+def _probe(encoder) -> Layout:
     user = {"role": "user", "content": QUESTION}
     gen = encoder.render_chat([user], None, add_generation_prompt=True)
     plain = _after_prompt(encoder, gen, [user, {"role": "assistant", "content": ANSWER}])

@@ -15,6 +15,11 @@ from typing import Any
 from eyas.config import ConfigError
 
 
+class PlanError(ValueError):
+    """A record that cannot be laid out (a template error, an unknown role, bad tool calls):
+    the sample is dropped with this reason."""
+
+
 class HFEncoder:
     """A transformers tokenizer: its chat template renders prompts, its Rust core encodes."""
 
@@ -57,18 +62,24 @@ class HFEncoder:
         return self._markup.decode(ids, skip_special_tokens=False)
 
     def render_chat(self, messages: list[dict], tools: list | None, add_generation_prompt: bool = True) -> str:
+        return self.render_chats([messages], tools, add_generation_prompt)[0]
+
+    def render_chats(self, conversations: list[list[dict]], tools: list | None, add_generation_prompt: bool = True) -> list[str]:
+        """Render several conversations that share ``tools`` in one template call."""
         if not self.chat_template:
             raise ConfigError("target.tokenizer: the tokenizer has no chat template to render prompts with")
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
+        try:
+            return self.tokenizer.apply_chat_template(
+                conversations, tools=tools, add_generation_prompt=add_generation_prompt, tokenize=False
+            )
+        except Exception as e:  # jinja raises many types (raise_exception, undefined, type errors)
+            raise PlanError(f"chat template: {e}") from None
 
 
 class TiktokenEncoder:
     """A ``tiktoken.Encoding`` (Kimi's tokenizer): formats render their prompts themselves."""
 
     kind = "tiktoken"
-    chat_template = None
 
     def __init__(self, encoding: Any):
         self.encoding = encoding
@@ -98,8 +109,6 @@ class TiktokenEncoder:
     def decode(self, ids: list[int]) -> str:
         return self.encoding.decode(ids)
 
-    def render_chat(self, messages: list[dict], tools: list | None, add_generation_prompt: bool = True) -> str:
-        raise ConfigError("tokenize.format: a tiktoken tokenizer has no chat template; use a kimi format")
 
 
 Encoder = HFEncoder | TiktokenEncoder

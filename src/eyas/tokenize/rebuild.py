@@ -28,7 +28,9 @@ MAX_WHITESPACE_DELTA = 4
 WHITESPACE = ("\n", " ", "\n\n")
 # Around the think tags first: that is where thinking models put whitespace ("…\n</think>\n\n…").
 EDGES = (("reasoning", "trail"), ("content", "lead"), ("reasoning", "lead"), ("content", "trail"))
-SEAM_HEAD_CHARS = 64
+SEAM_HEAD_CHARS = 16
+"""Model text looked at across a seam: pre-tokenization is local, so a seam that changes the
+split changes it within the first pre-token."""
 SEAM_TAIL_CHARS = 256
 
 
@@ -75,9 +77,11 @@ class Rebuilder:
 
     def rebuild(self, records: Sequence[GenerationRecord]) -> tuple[list[Sample], list[Dropped]]:
         planned, dropped = [], []
-        for r in records:
+        for r, prompt in zip(records, self.fmt.prompts(list(records))):
             try:
-                prompt = normalize(self.fmt.prompt(r))
+                if isinstance(prompt, PlanError):
+                    raise prompt
+                prompt = normalize(prompt)
                 end = self.prompt_end(prompt)
                 completion = normalize(self.fmt.completion(r, end, r.reasoning or "", r.content or ""))
             except PlanError as e:
@@ -196,8 +200,11 @@ class Rebuilder:
                 checks.append((s, tail, head))
         if not checks:
             return
-        ids = self.encoder.encode_text([t + h for _, t, h in checks] + [t for _, t, _ in checks] + [h for _, _, h in checks])
+        # Templates end their prompts with few distinct tails ("assistant\n"): encode each once.
+        tails = sorted({t for _, t, _ in checks})
+        ids = self.encoder.encode_text([t + h for _, t, h in checks] + [h for _, _, h in checks] + tails)
         n = len(checks)
-        for i, (s, _, _) in enumerate(checks):
-            if ids[i] != ids[n + i] + ids[2 * n + i]:
+        tail_ids = dict(zip(tails, ids[2 * n :]))
+        for i, (s, tail, _) in enumerate(checks):
+            if ids[i] != tail_ids[tail] + ids[n + i]:
                 s.flags.append("seam-differs")

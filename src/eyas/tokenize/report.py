@@ -107,24 +107,44 @@ def _pct(num: int, den: int) -> str:
 
 
 def table(reports: list[DatasetReport]) -> Table:
+    """One row per dataset: size, agreement with billing, agreement with the sampled ids."""
     t = Table(title="tokenize: rebuilt ids vs billing and ground truth")
-    for col in ("dataset", "format", "samples", "tokens", "billing exact", "deviation", "ids exact", "dropped", "flags"):
-        t.add_column(col, justify="left" if col in ("dataset", "format", "flags") else "right")
+    for col in ("dataset", "samples", "tokens", "=billing", "deviation", "ids exact", "dropped"):
+        t.add_column(col, justify="left" if col == "dataset" else "right")
     for r in reports:
         dev = r.deviation
-        verified = f"{_pct(r.verified_exact, r.verified)} of {r.verified}" if r.verified else "-"
-        for finish, (n, exact) in sorted(r.verified_by_finish.items()):
-            verified += f"\n{finish}: {_pct(exact, n)} of {n}"
-        flags = "\n".join(f"{k}: {v}" for k, v in r.flags.most_common()) or "-"
+        verified = f"{_pct(r.verified_exact, r.verified)} ({r.verified})" if r.verified else "-"
         t.add_row(
-            r.dataset,
-            r.format,
+            f"{r.dataset} ({r.format})",
             str(r.samples),
             str(r.tokens),
             _pct(r.billed_exact, r.billed_samples),
             f"{100 * dev:.3f}%" if dev is not None else "-",
             verified,
             str(r.dropped_count),
-            flags,
         )
     return t
+
+
+def details(report: DatasetReport, limit: int = 20) -> list[str]:
+    """Lines under the table: exact-match rate per finish reason, flags, each mismatch and drop."""
+    name = report.dataset
+    lines = [
+        f"{name}: ids exact on {finish} samples: {_pct(exact, n)} ({exact}/{n})"
+        for finish, (n, exact) in sorted(report.verified_by_finish.items())
+    ]
+    if report.flags:
+        lines.append(f"{name}: flags " + ", ".join(f"{k} {v}" for k, v in report.flags.most_common()))
+    if report.mismatch_causes:
+        lines.append(f"{name}: mismatch causes " + ", ".join(f"{k} {v}" for k, v in report.mismatch_causes.most_common()))
+    for m in report.mismatches[:limit]:
+        lines.append(
+            f"  mismatch {m['id']} ({m['finish_reason']}) at completion token {m['position']}: "
+            f"sampled {m['truth_token']!r}, rebuilt {m['rebuilt_token']!r} — {m['cause']}"
+        )
+    for d in report.dropped[:limit]:
+        lines.append(f"  dropped {d['id']}: {d['reason']}")
+    hidden = max(0, len(report.mismatches) - limit) + max(0, len(report.dropped) - limit)
+    if hidden:
+        lines.append(f"  … {hidden} more in report.json")
+    return lines

@@ -8,6 +8,7 @@ is laid out in the model's own output grammar; :mod:`eyas.tokenize.rebuild` does
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import Any
@@ -23,8 +24,7 @@ class Markup(str):
 Piece = str | int
 
 
-class PlanError(ValueError):
-    """A record that cannot be laid out in the format; the sample is dropped with this reason."""
+from eyas.tokenize.encoders import PlanError
 
 
 ENDS_TURN = ("stop", "tool_calls")
@@ -114,9 +114,27 @@ class Format:
             pieces.append(text[last:])
         return pieces
 
-    def prompt(self, record: GenerationRecord) -> list[Piece]:
-        """The prompt with the generation prompt, rendered by the target's chat template."""
-        return [Markup(self.encoder.render_chat(record.messages, record.tools))]
+    def prompts(self, records: list[GenerationRecord]) -> list[list[Piece] | PlanError]:
+        """Each record's prompt with the generation prompt, rendered by the target's chat template.
+
+        Runs of records with the same tools go to the template in one call (cheaper per sample);
+        a run the template rejects is redone record by record so only the bad ones fail.
+        """
+        out: list[list[Piece] | PlanError] = []
+        for _, run in itertools.groupby(records, key=lambda r: json.dumps(r.tools, sort_keys=True)):
+            run = list(run)
+            try:
+                texts = self.encoder.render_chats([r.messages for r in run], run[0].tools)
+                out += [[Markup(t)] for t in texts]
+            except PlanError:
+                out += [self._one_prompt(r) for r in run]
+        return out
+
+    def _one_prompt(self, record: GenerationRecord) -> list[Piece] | PlanError:
+        try:
+            return [Markup(self.encoder.render_chats([record.messages], record.tools)[0])]
+        except PlanError as e:
+            return e
 
     def completion(
         self, record: GenerationRecord, prompt_end: str, reasoning: str, content: str, markers_as_specials: bool = True

@@ -38,7 +38,17 @@ class KimiK25(Format):
     expected_ids = {token: KIMI_SPECIAL_IDS[token] for token in _CHECKED}
     open_think_in_prompt = True
 
+    def prompts(self, records: list[GenerationRecord]) -> list[list[Piece] | PlanError]:
+        out: list[list[Piece] | PlanError] = []
+        for r in records:
+            try:
+                out.append(self.prompt(r))
+            except PlanError as e:
+                out.append(e)
+        return out
+
     def prompt(self, record: GenerationRecord) -> list[Piece]:
+        """K2.5's chat layout, piece by piece: specials by id, every text with parsing off."""
         pieces: list[Piece] = []
         if record.tools:
             pieces += self.turn("im_system", "tool_declare", [json.dumps(record.tools, ensure_ascii=False)])
