@@ -84,6 +84,14 @@ def tokenize(
 
 
 @app.command()
+def estimate(config: ConfigArg) -> None:
+    """Predict extraction storage and time from the target's config and the corpus; show what caps, fp8 and drops save."""
+    from eyas import estimate as stage
+
+    stage.run(_open_run(config, quiet=True))
+
+
+@app.command()
 def extract(config: ConfigArg, quiet: QuietOpt = False) -> None:
     """Stage 5: target hidden states for every merged train sample (resumes; torchrun-aware)."""
     from eyas import extract as stage

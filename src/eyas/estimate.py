@@ -1,0 +1,157 @@
+"""Estimate what offline extraction will cost before spending it: storage, time, and savings.
+
+Storage is tokens × (aux layers + 1) × hidden size × bytes per value (plus each token's id,
+mask and fp8 scales: :func:`eyas.extract.plan.bytes_per_token`); time is tokens ÷
+throughput. The reference job — 138M tokens, hidden size 7,168, 4 layers in bf16 — comes to
+≈ 7.9 TB before any cap, which is why each cap, fp8 and dataset drop gets its own row.
+
+Inputs come from files that exist early: the target's ``config.json`` alone (no weights),
+the merge's ``stats.json`` (or, before merging, the tokenize Parquet files' ``num_tokens``
+column), and the extract settings. Everything below :func:`gather` is pure.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from rich.table import Table
+
+from eyas.config import ConfigError, RunConfig
+from eyas.extract.plan import bytes_per_token
+from eyas.merge.stats import Histogram, tokens_over
+from eyas.paths import RunPaths
+
+CANDIDATE_CAPS = (2048, 4096, 8192, 16384, 32768)
+NUM_AUX = 3
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Everything an estimate depends on."""
+
+    hidden_size: int
+    num_layers: int
+    histograms: dict[str, list[dict]]
+    """Per dataset: length histogram rows ``{lo, hi, samples, tokens}`` (see :mod:`eyas.merge.stats`)."""
+    dtype: str
+    throughput: float | None
+    """Tokens per second; None when neither measured nor configured."""
+    source: str
+    throughput_source: str
+    caps: tuple[int, ...] = CANDIDATE_CAPS
+
+
+@dataclass(frozen=True)
+class Line:
+    scenario: str
+    tokens: float
+    bytes: float
+    seconds: float | None
+
+
+def storage_bytes(tokens: float, hidden_size: int, dtype: str) -> float:
+    return tokens * bytes_per_token(hidden_size, NUM_AUX, dtype)
+
+
+def _line(scenario: str, tokens: float, inputs: Inputs, dtype: str) -> Line:
+    seconds = tokens / inputs.throughput if inputs.throughput else None
+    return Line(scenario, tokens, storage_bytes(tokens, inputs.hidden_size, dtype), seconds)
+
+
+def estimate(inputs: Inputs) -> list[Line]:
+    """The corpus as it stands, then one line per saving: each cap, fp8, each dataset left out."""
+    total = sum(row["tokens"] for h in inputs.histograms.values() for row in h)
+    lines = [_line(f"as configured ({inputs.dtype})", total, inputs, inputs.dtype)]
+    for cap in sorted(inputs.caps):
+        cut = sum(tokens_over(h, cap) for h in inputs.histograms.values())
+        if cut > 0:
+            lines.append(_line(f"cap at {cap:,} tokens", total - cut, inputs, inputs.dtype))
+    other = "fp8" if inputs.dtype == "bf16" else "bf16"
+    lines.append(_line(f"{other} storage", total, inputs, other))
+    if other == "fp8":
+        cut = sum(tokens_over(h, 8192) for h in inputs.histograms.values())
+        lines.append(_line("cap at 8,192 tokens + fp8", total - cut, inputs, "fp8"))
+    if len(inputs.histograms) > 1:
+        for name, h in inputs.histograms.items():
+            lines.append(_line(f"without dataset {name}", total - sum(r["tokens"] for r in h), inputs, inputs.dtype))
+    return lines
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000:
+            return f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"
+
+
+def human_seconds(s: float | None) -> str:
+    if s is None:
+        return "unknown"
+    return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.1f} min" if s >= 60 else f"{s:.1f} s"
+
+
+def table(inputs: Inputs, lines: list[Line]) -> Table:
+    base = lines[0]
+    t = Table(
+        title=f"extraction estimate — hidden {inputs.hidden_size:,}, {inputs.num_layers} layers, "
+        f"{NUM_AUX} aux + final states; {inputs.source}; throughput {inputs.throughput_source}"
+    )
+    for column in ("scenario", "tokens", "storage", "time", "saves"):
+        t.add_column(column, justify="left" if column == "scenario" else "right")
+    for line in lines:
+        saved = base.bytes - line.bytes
+        saves = "" if line is base else f"{human_bytes(saved)} ({saved / base.bytes:.0%})" if base.bytes else "0"
+        t.add_row(line.scenario, f"{line.tokens:,.0f}", human_bytes(line.bytes), human_seconds(line.seconds), saves)
+    return t
+
+
+def gather(config: RunConfig) -> Inputs:
+    """Read the inputs: the target's config (no weights), corpus lengths, extract settings."""
+    from eyas.target import load_model_config
+
+    paths = RunPaths.of(config)
+    model_config = load_model_config(config.target)
+    text = getattr(model_config, "text_config", None) or model_config
+    histograms, source = _corpus(config, paths)
+    throughput, throughput_source = config.extract.throughput_tokens_per_s, "from extract.throughput_tokens_per_s"
+    index = paths.hidden_dir / "index.json"
+    if throughput is None and index.is_file():
+        throughput = json.loads(index.read_text()).get("tokens_per_s")
+        throughput_source = "measured by the last extract"
+    if throughput is None:
+        throughput_source = "unknown (set extract.throughput_tokens_per_s)"
+    else:
+        throughput_source = f"{throughput:,.0f} tok/s {throughput_source}"
+    return Inputs(text.hidden_size, text.num_hidden_layers, histograms, config.extract.dtype, throughput, source, throughput_source)
+
+
+def _corpus(config: RunConfig, paths: RunPaths) -> tuple[dict[str, list[dict]], str]:
+    stats = paths.merge_dir / "stats.json"
+    if stats.is_file():
+        data = json.loads(stats.read_text())
+        return {name: d["train"]["length_histogram"] for name, d in data["datasets"].items()}, "merged train split"
+    import pyarrow.parquet as pq
+
+    histograms = {}
+    for d in config.datasets:
+        path = paths.tokenized(d.name)
+        if d.drop or not path.is_file():
+            continue
+        h = Histogram()
+        h.add(pq.read_table(path, columns=["num_tokens"]).column(0).to_numpy())
+        histograms[d.name] = h.to_json()
+    if not histograms:
+        raise ConfigError(f"{paths.root}: no tokenized or merged data to estimate from; run `eyas tokenize CONFIG` first")
+    return histograms, "tokenize output (before merge)"
+
+
+def run(config: RunConfig, quiet: bool = False) -> list[Line]:
+    """Print the estimate table (stdout) and return its lines."""
+    from rich.console import Console
+
+    inputs = gather(config)
+    lines = estimate(inputs)
+    Console().print(table(inputs, lines))
+    return lines
