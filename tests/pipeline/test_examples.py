@@ -1,0 +1,41 @@
+"""The shipped example configs load through ``eyas config show`` and say what they promise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from typer.testing import CliRunner
+
+from eyas.cli import app
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _show(name: str) -> dict:
+    result = CliRunner().invoke(app, ["config", "show", str(EXAMPLES / name)])
+    assert result.exit_code == 0, result.output
+    return yaml.safe_load(result.stdout)
+
+
+def test_kimi_reference_job():
+    c = _show("kimi-k2.5-openrouter.yaml")
+    assert len(c["datasets"]) == 6
+    assert sum(d["output_token_target"] for d in c["datasets"]) == 10_000_000
+    g = c["generate"]
+    assert g["backend"] == "openai" and g["concurrency"] == 2000 and g["budget_usd"] == 100
+    assert g["reasoning"]["enabled"] is True
+    allowed = g["provider_policy"]["quantizations"]
+    assert not {"fp4", "fp6"} & set(allowed) and g["provider_policy"]["unknown_quantization"] == "deny"
+    assert c["tokenize"]["format"] == "kimi-k2.5"
+    assert c["merge"]["max_seq_len"] == 8192
+    assert c["extract"]["mode"] == "offline"
+    assert "torchrun" in (EXAMPLES / "kimi-k2.5-openrouter.yaml").read_text()
+
+
+def test_smollm2_full_run_is_local_and_offline():
+    c = _show("smollm2-full.yaml")
+    assert c["target"]["model"] == "embedded" and c["generate"]["backend"] == "local"
+    assert c["extract"]["mode"] == "offline"
+    assert c["datasets"][0]["source"].endswith("examples/prompts/smollm2-synth.jsonl")
+    assert c["eval"]["num_draft_tokens"] == 3
