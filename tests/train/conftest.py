@@ -32,7 +32,7 @@ def merged_run(tmp_path, corpus_rows):
     return write_merged(tmp_path / "run", *corpus_rows)
 
 
-def tiny_config(run_dir: Path, **train) -> dict:
+def tiny_config(run_dir: Path, mode: str = "online", **train) -> dict:
     """A run config for a small, fast drafter on the embedded target (CPU)."""
     settings = {
         "ttt_steps": 3,
@@ -46,11 +46,11 @@ def tiny_config(run_dir: Path, **train) -> dict:
         "eval_every": 100,
         **train,
     }
-    return {"run_dir": str(run_dir), "target": {"device": "cpu"}, "extract": {"mode": "online"}, "train": settings}
+    return {"run_dir": str(run_dir), "target": {"device": "cpu"}, "extract": {"mode": mode}, "train": settings}
 
 
-def load_tiny(run_dir: Path, **train):
-    return parse_config(tiny_config(run_dir, **train))
+def load_tiny(run_dir: Path, mode: str = "online", **train):
+    return parse_config(tiny_config(run_dir, mode, **train))
 
 
 def copy_run(src: Path, dst: Path) -> Path:
@@ -58,11 +58,11 @@ def copy_run(src: Path, dst: Path) -> Path:
     return dst
 
 
-def write_config(run_dir: Path, **train) -> Path:
+def write_config(run_dir: Path, mode: str = "online", **train) -> Path:
     import yaml
 
     path = run_dir / "config.yaml"
-    path.write_text(yaml.safe_dump(tiny_config(run_dir, **train)))
+    path.write_text(yaml.safe_dump(tiny_config(run_dir, mode, **train)))
     return path
 
 

@@ -38,7 +38,7 @@ def target_distribution(final: torch.Tensor, lm_head: torch.Tensor, used: torch.
     probs = torch.zeros(b, t, used.shape[0], device=final.device)
     argmax = torch.zeros(b, t, dtype=torch.long, device=final.device)
     where = needed.nonzero(as_tuple=True)
-    rows = final[where]
+    rows = final[where].to(lm_head.dtype)
     for start in range(0, rows.shape[0], rows_per_chunk):
         chunk = (rows[start : start + rows_per_chunk] @ lm_head.T).float()
         index = tuple(w[start : start + rows_per_chunk] for w in where)
