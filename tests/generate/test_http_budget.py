@@ -101,3 +101,14 @@ def test_plan_without_target_uses_every_prompt_and_fits():
     assert (plan.datasets[0].output_tokens, plan.datasets[0].requests) == (20_000, 100)
     assert plan.cost_usd == pytest.approx(0.04 + 0.005)
     assert not plan.over_budget and plan.datasets[0].proposed_target is None
+
+
+def test_free_servers_leave_no_journal_lines(tmp_path):
+    ledger = Ledger(tmp_path / "ledger.jsonl", budget_usd=None)
+    ledger.reserve("a", 0.0)
+    ledger.spend("a", 0.0, "ds", "http://127.0.0.1:8000/v1")
+    ledger.reserve("b", 0.0)
+    ledger.release("b")
+    ledger.close()
+    assert (tmp_path / "ledger.jsonl").read_text().count("\n") == 1
+    assert ledger.committed == 0.0

@@ -122,30 +122,37 @@ class Ledger:
     def fits(self, usd: float) -> bool:
         return self.budget_usd is None or self.committed + usd <= self.budget_usd + 1e-12
 
+    # Zero amounts (servers that charge nothing) are kept in memory but not journaled: there is
+    # no money to account for, and two lines per request cost measurable CPU at 2,000 in flight.
+
     def reserve(self, key: str, usd: float) -> bool:
         """Hold ``usd`` for request ``key``; False (and nothing held) when it would pass the budget."""
         if not self.fits(usd):
             return False
         self.reserved[key] = usd
         self.reserved_total += usd
-        self._journal.write_json({"e": "reserve", "id": key, "usd": usd})
+        if usd:
+            self._journal.write_json({"e": "reserve", "id": key, "usd": usd})
         return True
 
-    def _unreserve(self, key: str) -> None:
-        self.reserved_total -= self.reserved.pop(key, 0.0)
+    def _unreserve(self, key: str) -> float:
+        held = self.reserved.pop(key, 0.0)
+        self.reserved_total -= held
         if not self.reserved:
             self.reserved_total = 0.0  # drop accumulated float error whenever nothing is in flight
+        return held
 
     def spend(self, key: str, usd: float, dataset: str, provider: str) -> None:
         """The request's real cost arrived: it replaces the reservation."""
-        self._unreserve(key)
+        held = self._unreserve(key)
         self._add_spend(usd, dataset, provider)
-        self._journal.write_json({"e": "spend", "id": key, "usd": usd, "dataset": dataset, "provider": provider})
+        if usd or held:
+            self._journal.write_json({"e": "spend", "id": key, "usd": usd, "dataset": dataset, "provider": provider})
 
     def release(self, key: str) -> None:
         """The request ended without a bill (failed, or never sent)."""
-        self._unreserve(key)
-        self._journal.write_json({"e": "release", "id": key})
+        if self._unreserve(key):
+            self._journal.write_json({"e": "release", "id": key})
 
     def close(self) -> None:
         self._journal.close()

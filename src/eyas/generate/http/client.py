@@ -56,7 +56,7 @@ class Transport:
         """One attempt at ``POST {url}``; raises RequestFailure on anything but a complete answer."""
         assert self._session is not None, "use Transport as an async context manager"
         try:
-            async with self._session.post(url, data=json.dumps(body, ensure_ascii=False)) as resp:
+            async with self._session.post(url, data=json.dumps(body, ensure_ascii=False).encode()) as resp:
                 if resp.status != 200:
                     raw = await resp.read()
                     raise RequestFailure(self._http_failure(resp.status, raw, resp.headers.get("Retry-After")))
