@@ -6,7 +6,8 @@ time is R / C × latency (20,000 / 2,000 × 5 s = 50 s). Each client runs in its
 so CPU-seconds (user + system, from getrusage) and peak RSS are its own:
 
 - eyas: the real ``eyas.generate.run`` on a 20,000-prompt dataset (prompts streamed in,
-  records written, ledger journaled), ``generate.concurrency`` = 2,000;
+  records written, ledger journaled), ``generate.concurrency`` = 2,000, once on its default
+  uvloop event loop and once on the standard asyncio loop;
 - openai: what a user would write — ``AsyncOpenAI`` with an ``asyncio.Semaphore(2000)`` — on
   a smaller slice (its transport costs far more CPU per request).
 
@@ -35,7 +36,7 @@ def _usage() -> tuple[float, float]:
     return r.ru_utime + r.ru_stime, r.ru_maxrss / 1024  # CPU seconds, peak RSS in MiB (Linux: KiB)
 
 
-def client_eyas(base_url: str, requests: int, concurrency: int) -> dict:
+def client_eyas(base_url: str, requests: int, concurrency: int, event_loop: str = "uvloop") -> dict:
     from eyas import generate
     from eyas.config import parse_config
 
@@ -47,7 +48,7 @@ def client_eyas(base_url: str, requests: int, concurrency: int) -> dict:
         "run_dir": str(work / "run"),
         "datasets": [{"name": "bench", "source": str(work / "prompts.jsonl")}],
         "generate": {"backend": "openai", "base_url": base_url, "model": "fake/model", "concurrency": concurrency,
-                     "max_tokens": 64, "read_timeout_s": 120.0},
+                     "max_tokens": 64, "read_timeout_s": 120.0, "event_loop": event_loop},
     })
     cpu0, _ = _usage()
     t0 = time.monotonic()
@@ -118,12 +119,15 @@ def main() -> None:
     parser.add_argument("--openai-requests", type=int, default=2_000)
     parser.add_argument("--concurrency", type=int, default=2_000)
     parser.add_argument("--latency", type=float, default=5.0)
-    parser.add_argument("--client", choices=["eyas", "openai"], help=argparse.SUPPRESS)
+    parser.add_argument("--client", choices=["eyas", "eyas-asyncio", "openai"], help=argparse.SUPPRESS)
     parser.add_argument("--base-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
-        run = client_eyas if args.client == "eyas" else client_openai
-        print(json.dumps(run(args.base_url, args.requests, args.concurrency)))
+        if args.client == "openai":
+            result = client_openai(args.base_url, args.requests, args.concurrency)
+        else:
+            result = client_eyas(args.base_url, args.requests, args.concurrency, "asyncio" if args.client == "eyas-asyncio" else "uvloop")
+        print(json.dumps(result))
         return
 
     port = _free_port()
@@ -135,7 +139,8 @@ def main() -> None:
         _wait_for(port)
         base_url = f"http://127.0.0.1:{port}/v1"
         rows = {
-            "eyas (aiohttp)": _run_client("eyas", base_url, args.requests, args.concurrency),
+            "eyas (aiohttp, uvloop)": _run_client("eyas", base_url, args.requests, args.concurrency),
+            "eyas (aiohttp, asyncio loop)": _run_client("eyas-asyncio", base_url, args.requests, args.concurrency),
             "openai.AsyncOpenAI + semaphore": _run_client("openai", base_url, args.openai_requests, args.concurrency),
         }
     finally:
@@ -152,10 +157,12 @@ def main() -> None:
         per_req[name] = r["cpu_s"] / r["requests"] * 1000
         print(f"{name:32} {r['requests']:>9,} {r['done']:>7,} {r['wall_s']:>8.1f} {ideal:>8.1f} {r['wall_s'] / ideal:>10.2f} "
               f"{r['cpu_s']:>8.1f} {per_req[name]:>12.3f} {r['rss_mb']:>11.0f}")
-    r = rows["eyas (aiohttp)"]
-    print(f"\neyas request latency: p50 {r['p50_latency_s']:.2f} s, max {r['max_latency_s']:.2f} s (server latency {args.latency:g} s); {r['retried']} requests needed a retry")
-    a, b = per_req.values()
-    print(f"\nCPU s per 1,000 requests = ms per request. AsyncOpenAI / eyas CPU per request: {b / a:.1f}x")
+    print(f"\nCPU s per 1,000 requests = ms per request. Server latency {args.latency:g} s.")
+    openai_cpu = per_req["openai.AsyncOpenAI + semaphore"]
+    for name, r in rows.items():
+        if name.startswith("eyas"):
+            print(f"{name}: request latency p50 {r['p50_latency_s']:.2f} s, max {r['max_latency_s']:.2f} s; "
+                  f"{r['retried']} retried; AsyncOpenAI spends {openai_cpu / per_req[name]:.1f}x its CPU per request")
 
 
 if __name__ == "__main__":

@@ -71,7 +71,20 @@ def run_http(config: RunConfig, paths: RunPaths, quiet: bool = False) -> None:
     g = config.generate
     raise_open_files_limit(g.concurrency)
     api_key = resolve_api_key(g.api_key_env, g.api_key_file)
-    asyncio.run(_run(config, paths, api_key, quiet))
+    with asyncio.Runner(loop_factory=event_loop_factory(g.event_loop)) as runner:
+        runner.run(_run(config, paths, api_key, quiet))
+
+
+def event_loop_factory(choice: str):
+    """uvloop's loop when asked for and installed (not on Windows), else the standard one (None)."""
+    if choice != "uvloop":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        log.info("uvloop is not installed; using the standard asyncio event loop")
+        return None
+    return uvloop.new_event_loop
 
 
 async def _run(config: RunConfig, paths: RunPaths, api_key: str | None, quiet: bool) -> None:
