@@ -10,6 +10,7 @@ wraps a ``tiktoken.Encoding`` (Kimi). Both encode whole batches across all cores
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from eyas.config import ConfigError
@@ -42,14 +43,36 @@ class HFEncoder:
         self.special_ids = frozenset(i for i, tok in added.items() if tok.special)
         self.added_tokens = tuple(tok.content for tok in added.values())
         self.chat_template = tokenizer.chat_template
+        self._split = _added_token_splitter(added.values(), core)
 
     def encode_text(self, texts: list[str]) -> list[list[int]]:
         """Encode with special-token strings taken as plain text."""
         return [e.ids for e in self._text.encode_batch_fast(texts, add_special_tokens=False)]
 
     def encode_markup(self, texts: list[str]) -> list[list[int]]:
-        """Encode rendered template text: special-token strings become their ids."""
-        return [e.ids for e in self._markup.encode_batch_fast(texts, add_special_tokens=False)]
+        """Encode rendered template text: special-token strings become their ids.
+
+        Rendered prompts repeat the same template text (system prompt, role headers) in every
+        sample. The Rust tokenizer splits at added tokens and encodes the spans between them
+        independently, so doing that split here and encoding each distinct span once gives the
+        same ids for less work.
+        """
+        if self._split is None:
+            return [e.ids for e in self._markup.encode_batch_fast(texts, add_special_tokens=False)]
+        token_ids = {t: self._markup.token_to_id(t) for t in self.added_tokens}
+        parts = [self._split.split(t) for t in texts]
+        spans = list({p for ps in parts for p in ps[::2] if p})
+        span_ids = dict(zip(spans, self.encode_text(spans)))
+        out = []
+        for ps in parts:
+            ids: list[int] = []
+            for i, p in enumerate(ps):
+                if i % 2:
+                    ids.append(token_ids[p])
+                elif p:
+                    ids += span_ids[p]
+            out.append(ids)
+        return out
 
     def token_id(self, token: str) -> int | None:
         """Id of ``token`` when it is one whole token of the vocabulary, else None."""
@@ -74,6 +97,22 @@ class HFEncoder:
             )
         except Exception as e:  # jinja raises many types (raise_exception, undefined, type errors)
             raise PlanError(f"chat template: {e}") from None
+
+
+def _added_token_splitter(added: Any, core: Any) -> re.Pattern | None:
+    """A regex splitting text at added tokens the way the Rust tokenizer does, when that is exact.
+
+    Added tokens that strip neighbouring spaces, match single words or are matched after
+    normalization change the spans around them; with any of those, the Rust path is used.
+    """
+    tokens = list(added)
+    if not tokens or core.normalizer is not None and any(t.normalized for t in tokens):
+        return None
+    if any(t.lstrip or t.rstrip or t.single_word for t in tokens):
+        return None
+    # Longest first: the Rust matcher takes the leftmost-longest added token.
+    alternatives = sorted((t.content for t in tokens), key=len, reverse=True)
+    return re.compile("(" + "|".join(map(re.escape, alternatives)) + ")")
 
 
 class TiktokenEncoder:
