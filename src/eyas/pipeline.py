@@ -156,14 +156,15 @@ def run(
     verify_ids: bool = False,
     config_path: str = "CONFIG",
 ) -> dict[str, dict]:
-    """Run stages ``first``..``last``; returns per stage ``{status, seconds, result}``."""
+    """Run stages ``first``..``last``; returns per stage ``{status, result}`` (+ ``seconds``,
+    ``cpu_seconds`` for the stages that ran)."""
     paths = RunPaths.of(config)
     active = active_stages(config)
     results: dict[str, dict] = {}
     for stage in _select(config, first, last):
         if stage not in active:
             log.info("%s: skipped (extract.mode is online: training computes hidden states itself)", stage.name)
-            results[stage.name] = {"status": "skipped", "seconds": 0.0, "result": None}
+            results[stage.name] = {"status": "skipped", "result": None}
             continue
         index = active.index(stage)
         upstream = active[index - 1] if index > 0 else None
@@ -178,16 +179,19 @@ def run(
             status, why = state(config, stage, upstream)
             if status == "done":
                 log.info("%s: up to date, skipped", stage.name)
-                results[stage.name] = {"status": "up to date", "seconds": 0.0, "result": None}
+                results[stage.name] = {"status": "up to date", "result": None}
                 continue
             log.info("%s: %s (%s)", stage.name, "running" if status == "missing" else "rerunning", why)
         if not quiet:
             console.rule(f"{STAGE_NAMES.index(stage.name) + 1}. {stage.name}")
-        started = time.monotonic()
+        started, cpu_started = time.monotonic(), time.process_time()
         result = stage.call(config, quiet, verify_ids)
-        seconds = time.monotonic() - started
+        # CPU time beside wall time: on a shared machine it is the figure that predicts an idle one.
+        seconds, cpu_seconds = time.monotonic() - started, time.process_time() - cpu_started
+        log.info("%s: done in %.0f s (%.0f s of CPU)", stage.name, seconds, cpu_seconds)
         marker = _marker(paths, stage)
         marker.parent.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"settings": _settings(config, stage), "seconds": seconds, "finished": time.time()}))
-        results[stage.name] = {"status": "ran", "seconds": seconds, "result": result}
+        timing = {"seconds": seconds, "cpu_seconds": cpu_seconds}
+        marker.write_text(json.dumps({"settings": _settings(config, stage), **timing, "finished": time.time()}))
+        results[stage.name] = {"status": "ran", **timing, "result": result}
     return results

@@ -9,6 +9,7 @@ import pytest
 
 from eyas import pipeline
 from eyas.config import ConfigError, load_config
+from eyas.demo import summarize, summary_table, write_demo_config
 from tests.conftest import write_jsonl
 
 PROMPTS = ["Name a fruit.", "What is 3+3?", "Say hello.", "Name a color.", "What day follows Monday?", "Name a pet."]
@@ -59,6 +60,12 @@ def test_full_run_then_skip_then_refuse_stale(config_path):
     assert eval_report["prompts"] == 2
     assert all(m["lossless"]["mismatched"] == [] for m in eval_report["methods"].values())
 
+    summary = summarize(config, results, wall_s=1.0)
+    assert summary["rebuild_exact"] == 1.0 and summary["rebuild_verified"] == len(PROMPTS)
+    assert summary["lossless"] and summary["train_samples"] == 4 and summary["tau_broken"] >= 1.0
+    assert summary["train_seconds"] == results["train"]["seconds"]
+    summary_table(summary)
+
     again = pipeline.run(config, quiet=True, first="tokenize", last="export")
     assert {s: r["status"] for s, r in again.items()} == {
         "tokenize": "up to date", "merge": "up to date", "extract": "skipped", "train": "up to date", "export": "up to date"
@@ -69,3 +76,11 @@ def test_full_run_then_skip_then_refuse_stale(config_path):
     os.utime(run_dir / "tokenize" / "report.json", (later, later))
     with pytest.raises(ConfigError, match=r"stage merge is stale .*--from merge"):
         pipeline.run(config, quiet=True, first="train")
+
+
+def test_demo_config_is_valid_and_states_its_sizes(tmp_path):
+    path = write_demo_config(tmp_path)
+    config = load_config(path)
+    assert config.extract.mode == "online" and config.train.max_steps is not None
+    header = path.read_text().split("run_dir:")[0]
+    assert "20 minutes on 2 CPU cores" in header and f"{config.train.max_steps} steps" in header

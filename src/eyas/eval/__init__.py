@@ -119,7 +119,12 @@ def _decode(model, prompt: EvalPrompt, name: str, proposers, cfg, stop_ids: set[
             out = greedy_decode(runner, prompt.input_ids, cfg.max_new_tokens, stop_ids)
     else:
         proposer = next(p for p in proposers if p.name == name)
-        generator = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index) if cfg.temperature > 0 else None
+        generator = None
+        if cfg.temperature > 0:
+            seed = cfg.seed * 1_000_003 + index
+            generator = torch.Generator().manual_seed(seed)
+            # The drafter samples its proposals from torch's global generator.
+            torch.manual_seed(seed)
         with TargetRunner(model, proposer.aux_layers) as runner:
             out = speculative_decode(
                 runner, proposer, prompt.input_ids, cfg.num_draft_tokens, cfg.max_new_tokens,
