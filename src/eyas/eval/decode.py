@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from eyas.eval.sampling import target_probs, verify_greedy, verify_sampled
+from eyas.eval.sampling import sample_token, target_probs, verify_greedy, verify_sampled
 from eyas.extract.capture import decoder_layers
 
 
@@ -126,7 +126,7 @@ class Decoded:
 
 def _first_token(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
     if temperature > 0:
-        return int(torch.multinomial(target_probs(logits[-1:], temperature)[0], 1, generator=generator).item())
+        return sample_token(target_probs(logits[-1:], temperature)[0], generator)
     return int(logits[-1].argmax().item())
 
 

@@ -52,9 +52,11 @@ def verify_sampled(
         if float(residual.sum()) <= 0:
             # Only when p == q exactly, where rejection has probability zero; p is then the answer.
             residual = p
-        return j, _sample(residual, generator)
-    return len(drafts), _sample(probs[len(drafts)], generator)
+        return j, sample_token(residual, generator)
+    return len(drafts), sample_token(probs[len(drafts)], generator)
 
 
-def _sample(weights: torch.Tensor, generator: torch.Generator) -> int:
+def sample_token(weights: torch.Tensor, generator: torch.Generator) -> int:
+    """One draw from unnormalised ``weights`` [V], on the CPU so one CPU generator serves any device."""
+    weights = weights.detach().float().cpu()
     return int(torch.multinomial(weights / weights.sum(), 1, generator=generator).item())
