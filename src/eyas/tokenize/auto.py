@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from eyas.config import ConfigError
 from eyas.records import GenerationRecord
-from eyas.tokenize.formats import Format, Markup, Piece, PlanError
+from eyas.tokenize.formats import Format, Piece, PlanError
 
 QUESTION, ANSWER, THOUGHT = "eyas probe question", "eyas probe answer", "eyas probe reasoning"
 
@@ -84,10 +84,10 @@ class AutoFormat(Format):
         if record.tool_calls:
             raise PlanError("format auto does not place tool calls; set tokenize.format")
         if not reasoning:
-            return [Markup(self.layout.answer_prefix), content]
+            return [*self.template_text(self.layout.answer_prefix), content]
         if self.layout.reasoning_wrap is None:
             raise PlanError("the chat template does not render reasoning; set tokenize.format")
-        before, after = self.layout.reasoning_wrap
+        before, after = (self.template_text(t) for t in self.layout.reasoning_wrap)
         if record.finish_reason == "length" and not content:
-            return [Markup(before), reasoning]
-        return [Markup(before), reasoning, Markup(after), content]
+            return [*before, reasoning]
+        return [*before, reasoning, *after, content]

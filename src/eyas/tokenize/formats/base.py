@@ -82,6 +82,8 @@ class Format:
                 )
         if self.end_of_turn not in self.ids:
             raise ConfigError(f"tokenize.format {self.name}: the tokenizer has no {self.end_of_turn} token")
+        added = sorted(encoder.added_tokens, key=len, reverse=True)
+        self._added = re.compile("(" + "|".join(map(re.escape, added)) + ")") if added else None
         present = [m for m in self.emitted if m in self.ids]
         self._markers = re.compile("|".join(map(re.escape, sorted(present, key=len, reverse=True)))) if present else None
 
@@ -95,6 +97,14 @@ class Format:
         if tid is None:
             tid = self.encoder.token_id(token)
         return tid if tid is not None else token
+
+    def template_text(self, text: str) -> list[Piece]:
+        """Template-written text inside a completion: added tokens as ids, the rest as plain text,
+        so it joins the model text next to it exactly as the tokenizer would see the stream."""
+        if self._added is None:
+            return [text]
+        parts = self._added.split(text)
+        return [self.encoder.token_id(p) if i % 2 else p for i, p in enumerate(parts)]
 
     def has_markers(self, text: str) -> bool:
         return self._markers is not None and self._markers.search(text) is not None

@@ -24,10 +24,9 @@ class Qwen3(Format):
         pieces: list[Piece] = []
         if not prompt_end.rstrip("\n").endswith(self.think_open):
             pieces.append(self.marker(self.think_open))
-        pieces.append("\n" + reasoning.strip("\n") + "\n" if reasoning else "\n\n")
         if record.finish_reason == "length" and not content and not record.tool_calls:
-            return pieces
-        pieces += [self.marker(self.think_close), "\n\n"]
+            return pieces + ["\n" + reasoning.lstrip("\n")]
+        pieces += ["\n" + reasoning.strip("\n") + "\n" if reasoning else "\n\n", self.marker(self.think_close), "\n\n"]
         pieces += self.text(content.lstrip("\n"), markers_as_specials)
         pieces += hermes_tool_calls(self, record, content)
         return pieces
