@@ -30,6 +30,11 @@ class RunPaths:
         return self.generate_dir / f"{dataset}.errors.jsonl"
 
     @property
+    def generate_lock(self) -> Path:
+        """Held (flock) by a running HTTP generation, so two cannot buy the same prompts."""
+        return self.generate_dir / ".lock"
+
+    @property
     def ledger(self) -> Path:
         """Spending journal of the HTTP backend (reservations, spend, per dataset and provider)."""
         return self.generate_dir / "ledger.jsonl"

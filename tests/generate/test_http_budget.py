@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from eyas.config import GenerateConfig
-from eyas.generate.http.budget import Ledger, Pricing, estimate_prompt_tokens
+from eyas.generate.http.budget import Ledger, Pricing, estimate_prompt_tokens, replay
 from eyas.generate.http.plan import DatasetInputs, make_plan
 from eyas.generate.http.providers import parse_endpoints, provider_object, rejection, worst_case_pricing
 from tests.generate.fake_openai import endpoints_listing
@@ -33,12 +33,16 @@ def test_ledger_survives_restarts_and_counts_crash_leftovers(tmp_path):
     ledger.reserve("c", 0.2)
     ledger.release("c")
     ledger._journal._file.flush()  # what a SIGKILL leaves: flushed lines, no close
+    with path.open("a") as f:
+        f.write('{"e": "spend", "id": "b", "us')  # and perhaps a torn last line
+    seen, open_ = replay(path)  # read-only, as eyas plan reads it while a run may be appending
+    assert (seen.spent, open_) == (pytest.approx(0.15), {"b": 0.3})
 
     again = Ledger(path, budget_usd=1.0)
     assert again.spent == pytest.approx(0.15)
     assert again.possibly_spent == pytest.approx(0.3)
-    assert dict(again.by_dataset) == {"ds1": pytest.approx(0.15)}
-    assert dict(again.by_provider) == {"P": pytest.approx(0.15)}
+    assert dict(again.spending.by_dataset) == {"ds1": pytest.approx(0.15)}
+    assert dict(again.spending.by_provider) == {"P": pytest.approx(0.15)}
     assert not again.reserve("d", 0.6)  # 0.15 + 0.3 + 0.6 > 1.0
     assert again.reserve("d", 0.5)
     again.spend("d", 0.05, "ds2", "Q")

@@ -64,7 +64,7 @@ def test_sigkill_mid_run_then_resume_gives_exactly_one_record_per_prompt(tmp_pat
         assert all(r["content"] == f"answer to: {r['messages'][-1]['content']}" for r in got)
         # Only requests in flight at the kill can have been bought twice, and the ledger knows them.
         assert sum(fake.served.values()) - 48 <= 4
-        ledger = Ledger(tmp_path / "run" / "generate" / "ledger.jsonl", None)
+        ledger = Ledger(tmp_path / "run" / "generate" / "ledger.jsonl", None)  # as the next run would open it
         assert ledger.spent == pytest.approx(sum(r["usage"]["cost"] for r in got), abs=1e-3 * 5 * 64 * 4e-6)
         assert fake.charged <= ledger.spent + ledger.possibly_spent + 1e-12
 

@@ -14,7 +14,7 @@ import pytest
 
 from eyas import generate
 from eyas.config import parse_config
-from eyas.generate.http.budget import Ledger
+from eyas.generate.http.budget import replay
 from eyas.generate.http.errors import BudgetReached, CreditsExhausted, RequestRejected
 from tests.conftest import write_jsonl
 from tests.generate.fake_openai import FakeOpenAI, FakeServer
@@ -78,9 +78,9 @@ def test_every_failure_ends_in_one_record_or_one_error_line(tmp_path, stream):
         assert body["chat_template_kwargs"] == {"thinking": True}
         assert (body["max_tokens"], body["seed"], body.get("stream", False)) == (64, 0, stream)
 
-        ledger = Ledger(run / "ledger.jsonl", None)
-        assert ledger.spent == pytest.approx(sum(r["usage"]["cost"] for r in records)) == pytest.approx(fake.charged)
-        assert ledger.possibly_spent == 0.0
+        spending, open_reservations = replay(run / "ledger.jsonl")
+        assert spending.spent == pytest.approx(sum(r["usage"]["cost"] for r in records)) == pytest.approx(fake.charged)
+        assert spending.possibly_spent == 0.0 and not open_reservations
 
         # The rerun retries only the two failures; they fail again and are listed once each.
         generate.run(config, quiet=True)
@@ -99,7 +99,7 @@ def test_budget_caps_spend_and_a_bigger_budget_resumes(tmp_path):
         with pytest.raises(BudgetReached):
             generate.run(config, quiet=True)
         records = lines(tmp_path / "run" / "generate" / "ds.jsonl")
-        ledger = Ledger(tmp_path / "run" / "generate" / "ledger.jsonl", None)
+        ledger, _ = replay(tmp_path / "run" / "generate" / "ledger.jsonl")
         assert 0 < len(records) < 30
         assert ledger.spent <= 0.0008 and fake.charged <= 0.0008
         assert ledger.spent == pytest.approx(fake.charged)
@@ -202,3 +202,17 @@ def test_keepalives_hold_a_slow_stream_open_while_silence_times_out(tmp_path):
     assert not lines(tmp_path / "json" / "run" / "generate" / "ds.jsonl")
     [error] = lines(tmp_path / "json" / "run" / "generate" / "ds.errors.jsonl")
     assert (error["cause"], error["attempts"]) == ("timeout", 2)
+
+
+def test_a_second_run_on_the_same_run_dir_is_refused(tmp_path):
+    import fcntl
+
+    from eyas.config import ConfigError
+
+    config = make_config(tmp_path, "http://127.0.0.1:9/v1", ["q"])
+    lock = tmp_path / "run" / "generate" / ".lock"
+    lock.parent.mkdir(parents=True)
+    with lock.open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(ConfigError, match="another eyas generate is running"):
+            generate.run(config, quiet=True)

@@ -14,8 +14,12 @@ CLI turns into a distinct exit code, so rerunning the same command resumes.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from eyas.config import ConfigError, RunConfig, resolve_api_key
 from eyas.generate.http.budget import Ledger, Pricing
@@ -67,11 +71,23 @@ async def resolve_pricing(config: RunConfig, transport) -> Pricing | None:
     return pricing
 
 
+@contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Refuse a second concurrent run on the same run_dir: it would buy the same prompts twice."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"{lock.parent}: another eyas generate is running on this run_dir; let it finish or stop it") from None
+        yield  # the lock goes with the file descriptor, also when the process is killed
+
+
 def run_http(config: RunConfig, paths: RunPaths, quiet: bool = False) -> None:
     g = config.generate
     raise_open_files_limit(g.concurrency)
     api_key = resolve_api_key(g.api_key_env, g.api_key_file)
-    with asyncio.Runner(loop_factory=event_loop_factory(g.event_loop)) as runner:
+    with exclusive(paths.generate_lock), asyncio.Runner(loop_factory=event_loop_factory(g.event_loop)) as runner:
         runner.run(_run(config, paths, api_key, quiet))
 
 

@@ -19,10 +19,10 @@ import json
 import logging
 import os
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from eyas.jsonl import DurableAppender, read_jsonl, recover
+from eyas.jsonl import DurableAppender, recover
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +54,62 @@ def estimate_prompt_tokens(messages: list[dict], tools: list | None = None) -> i
     return size // 3 + 8 * len(messages)
 
 
+@dataclass
+class Spending:
+    """What a ledger journal says was spent."""
+
+    spent: float = 0.0
+    possibly_spent: float = 0.0
+    """Reservations of requests in flight when a run was killed: maybe billed, maybe not."""
+    by_dataset: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    by_provider: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, usd: float, dataset: str, provider: str) -> None:
+        self.spent += usd
+        self.by_dataset[dataset] += usd
+        self.by_provider[provider] += usd
+
+
+def replay(path: Path) -> tuple[Spending, dict[str, float]]:
+    """Read a journal without changing it: the spending, and the reservations never closed.
+
+    Safe while a run appends to it (``eyas plan`` reads it so); a torn last line is ignored.
+    """
+    spending, open_ = Spending(), {}
+    if not path.exists():
+        return spending, open_
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue  # only the last line can be torn (appends are whole lines)
+            kind = e.get("e")
+            if kind == "snapshot":
+                spending.spent, spending.possibly_spent = e["spent"], e["possibly_spent"]
+                spending.by_dataset.update(e["by_dataset"])
+                spending.by_provider.update(e["by_provider"])
+            elif kind == "reserve":
+                open_[e["id"]] = e["usd"]
+            elif kind == "spend":
+                open_.pop(e["id"], None)
+                spending.add(e["usd"], e["dataset"], e["provider"])
+            elif kind == "release":
+                open_.pop(e["id"], None)
+    return spending, open_
+
+
 class Ledger:
-    """Spend, reservations and crash leftovers, per dataset and per provider."""
+    """Spend, reservations and crash leftovers, per dataset and per provider; one run owns it."""
 
     def __init__(self, path: Path, budget_usd: float | None):
         self.path = path
         self.budget_usd = budget_usd
-        self.spent = 0.0
-        self.possibly_spent = 0.0
-        self.by_dataset: dict[str, float] = defaultdict(float)
-        self.by_provider: dict[str, float] = defaultdict(float)
+        recover(path)
+        self.spending, leftovers = replay(path)
+        self.spending.possibly_spent += sum(leftovers.values())
         self.reserved: dict[str, float] = {}
         self.reserved_total = 0.0
-        leftovers = self._replay()
         if leftovers:
             log.warning(
                 "ledger: %d requests were in flight when an earlier run stopped; their reserved $%.4f "
@@ -75,44 +118,27 @@ class Ledger:
         self._compact()
         self._journal = DurableAppender(path)
 
-    def _replay(self) -> dict[str, float]:
-        if not self.path.exists():
-            return {}
-        recover(self.path)
-        open_: dict[str, float] = {}
-        for _, e in read_jsonl(self.path):
-            kind = e.get("e")
-            if kind == "snapshot":
-                self.spent, self.possibly_spent = e["spent"], e["possibly_spent"]
-                self.by_dataset.update(e["by_dataset"])
-                self.by_provider.update(e["by_provider"])
-            elif kind == "reserve":
-                open_[e["id"]] = e["usd"]
-            elif kind == "spend":
-                open_.pop(e["id"], None)
-                self._add_spend(e["usd"], e["dataset"], e["provider"])
-            elif kind == "release":
-                open_.pop(e["id"], None)
-        self.possibly_spent += sum(open_.values())
-        return open_
+    @property
+    def spent(self) -> float:
+        return self.spending.spent
+
+    @property
+    def possibly_spent(self) -> float:
+        return self.spending.possibly_spent
 
     def _compact(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
+        sp = self.spending
         snapshot = {
-            "e": "snapshot", "spent": self.spent, "possibly_spent": self.possibly_spent,
-            "by_dataset": dict(self.by_dataset), "by_provider": dict(self.by_provider),
+            "e": "snapshot", "spent": sp.spent, "possibly_spent": sp.possibly_spent,
+            "by_dataset": dict(sp.by_dataset), "by_provider": dict(sp.by_provider),
         }
         with tmp.open("w", encoding="utf-8") as f:
             f.write(json.dumps(snapshot) + "\n")
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
-
-    def _add_spend(self, usd: float, dataset: str, provider: str) -> None:
-        self.spent += usd
-        self.by_dataset[dataset] += usd
-        self.by_provider[provider] += usd
 
     @property
     def committed(self) -> float:
@@ -145,7 +171,7 @@ class Ledger:
     def spend(self, key: str, usd: float, dataset: str, provider: str) -> None:
         """The request's real cost arrived: it replaces the reservation."""
         held = self._unreserve(key)
-        self._add_spend(usd, dataset, provider)
+        self.spending.add(usd, dataset, provider)
         if usd or held:
             self._journal.write_json({"e": "spend", "id": key, "usd": usd, "dataset": dataset, "provider": provider})
 

@@ -12,7 +12,7 @@ import yaml
 
 from eyas.config import ConfigError, GenerateConfig, RunConfig, load_config, resolve_api_key
 from eyas.console import console
-from eyas.generate.http.budget import Pricing, estimate_prompt_tokens
+from eyas.generate.http.budget import Pricing, estimate_prompt_tokens, replay
 from eyas.generate.http.errors import RequestFailure
 from eyas.generate.http.plan import DatasetInputs, Plan, make_plan, plan_table
 from eyas.generate.http.providers import (
@@ -66,10 +66,14 @@ def plan_inputs(config: RunConfig) -> list[DatasetInputs]:
         for p in iter_prompts(d):
             prompts += 1
             estimated += estimate_prompt_tokens(p.messages, p.tools)
-        records = [r.usage for r in read_records(paths.generations(d.name))]
-        seen = [u for u in records if u.completion_tokens]
-        mean_prompt = sum(u.prompt_tokens for u in seen) / len(seen) if seen else estimated / prompts
-        mean_output = sum(u.completion_tokens for u in seen) / len(seen) if seen else float(g.max_tokens)
+        seen, prompt_tokens, output_tokens = 0, 0, 0
+        for r in read_records(paths.generations(d.name)):
+            if r.usage.completion_tokens:
+                seen += 1
+                prompt_tokens += r.usage.prompt_tokens
+                output_tokens += r.usage.completion_tokens
+        mean_prompt = prompt_tokens / seen if seen else estimated / prompts
+        mean_output = output_tokens / seen if seen else float(g.max_tokens)
         out.append(DatasetInputs(d.name, prompts, mean_prompt, mean_output, bool(seen), d.output_token_target))
     return out
 
@@ -89,14 +93,9 @@ def plan_pricing(config: RunConfig) -> Pricing:
 
 
 def spent_so_far(config: RunConfig) -> float:
-    from eyas.generate.http.budget import Ledger
-
-    path = RunPaths.of(config).ledger
-    if not path.exists():
-        return 0.0
-    ledger = Ledger(path, None)
-    ledger.close()
-    return ledger.spent + ledger.possibly_spent
+    """Spent and possibly spent by earlier runs (read-only: a run may be appending to the ledger)."""
+    spending, in_flight = replay(RunPaths.of(config).ledger)
+    return spending.spent + spending.possibly_spent + sum(in_flight.values())
 
 
 def apply_targets(config_path: Path, plan: Plan) -> None:
