@@ -143,3 +143,21 @@ def test_plan_projects_cost_and_applies_targets_that_fit(tmp_path):
     assert 2000 <= target < 2500
     assert (tmp_path / "config.yaml.bak").exists() and "wrote the proposed" in applied.stderr
     assert "fits" in fits.stderr
+
+
+def test_plan_uses_what_earlier_runs_measured_and_spent(tmp_path):
+    from eyas import generate
+    from eyas.config import load_config
+
+    fake = FakeOpenAI()
+    with FakeServer(fake) as server:
+        config = write_config(tmp_path, server.base_url, [f"measured question {i}" for i in range(20)], budget_usd=1.0,
+                              max_tokens=1000, prices={"prompt": 1.0, "completion": 4.0})
+        generate.run(load_config(config), quiet=True)
+        result = eyas("plan", config, env={**os.environ, "COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stderr.splitlines() if line.startswith("│ ds"))
+    cells = [c.strip() for c in row.strip("│ ").split("│")]
+    # 20 prompts answered with 8 tokens each ("answer to: measured question N" + 3): measured, not max_tokens.
+    assert cells[:7] == ["ds", "20", "6", "8", "-", "160", "20"]  # prompt tokens: 5 or 6 as the fake counts them
+    assert f"spent so far ${fake.charged:,.4f}" in result.stderr
