@@ -134,3 +134,11 @@ def test_qwen3_tool_calls_and_deepseek_tool_markers(target_config):
         '{"a": 2, "b": 2}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>'
     )
     assert r1.token_id("<｜tool▁sep｜>") in ids
+
+
+def test_qwen3_raw_output_without_a_reasoning_parser(target_config):
+    """A server with no reasoning parser returns the think block inside content."""
+    encoder = family_encoder(target_config, "qwen3")
+    fmt = FORMATS["qwen3"](encoder)
+    raw = record("<think>\nAdd two and two.\n</think>\n\nIt is 4.")
+    assert completion_text(encoder, fmt, raw) == completion_text(encoder, fmt, CASES["think"])

@@ -16,7 +16,6 @@ other reasons. Several readings can share a length; the order above is the tie-b
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -72,8 +71,6 @@ class Rebuilder:
     def __init__(self, fmt: Format):
         self.fmt = fmt
         self.encoder = fmt.encoder
-        added = sorted(self.encoder.added_tokens, key=len, reverse=True)
-        self._added = re.compile("|".join(map(re.escape, added))) if added else None
 
     def rebuild(self, records: Sequence[GenerationRecord]) -> tuple[list[Sample], list[Dropped]]:
         planned, dropped = [], []
@@ -192,8 +189,8 @@ class Rebuilder:
             if not prompt or not completion or isinstance(prompt[-1], int) or isinstance(completion[0], int):
                 continue
             tail = prompt[-1][-SEAM_TAIL_CHARS:]
-            if type(prompt[-1]) is Markup and self._added is not None:
-                cut = [m.end() for m in self._added.finditer(tail)]
+            if type(prompt[-1]) is Markup and self.fmt.added_pattern is not None:
+                cut = [m.end() for m in self.fmt.added_pattern.finditer(tail)]
                 tail = tail[cut[-1]:] if cut else tail
             head = completion[0][:SEAM_HEAD_CHARS]
             if tail and head:

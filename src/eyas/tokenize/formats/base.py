@@ -83,7 +83,7 @@ class Format:
         if self.end_of_turn not in self.ids:
             raise ConfigError(f"tokenize.format {self.name}: the tokenizer has no {self.end_of_turn} token")
         added = sorted(encoder.added_tokens, key=len, reverse=True)
-        self._added = re.compile("(" + "|".join(map(re.escape, added)) + ")") if added else None
+        self.added_pattern = re.compile("(" + "|".join(map(re.escape, added)) + ")") if added else None
         present = [m for m in self.emitted if m in self.ids]
         self._markers = re.compile("|".join(map(re.escape, sorted(present, key=len, reverse=True)))) if present else None
 
@@ -101,9 +101,9 @@ class Format:
     def template_text(self, text: str) -> list[Piece]:
         """Template-written text inside a completion: added tokens as ids, the rest as plain text,
         so it joins the model text next to it exactly as the tokenizer would see the stream."""
-        if self._added is None:
+        if self.added_pattern is None:
             return [text]
-        parts = self._added.split(text)
+        parts = self.added_pattern.split(text)
         return [self.encoder.token_id(p) if i % 2 else p for i, p in enumerate(parts)]
 
     def has_markers(self, text: str) -> bool:

@@ -19,6 +19,7 @@ class Qwen3(Format):
     emitted = ("<think>", "</think>", "<tool_call>", "</tool_call>")
 
     def body(self, record, prompt_end, reasoning, content, markers_as_specials) -> list[Piece]:
+        reasoning, content = self.raw_reasoning(reasoning, content, markers_as_specials)
         if self.thinking_off(prompt_end):
             return self.text(content, markers_as_specials) + hermes_tool_calls(self, record, content)
         pieces: list[Piece] = []
