@@ -191,3 +191,21 @@ def test_cli_names_the_problem_and_exits_2(tmp_path):
     )
     assert done.returncode == 2
     assert "error:" in done.stderr and "tiktoken.model" in done.stderr
+
+
+def test_a_bad_record_line_names_file_and_line_and_keeps_earlier_output(generated, tmp_path):
+    from eyas.jsonl import JsonlError
+
+    _, config = generated
+    records = records_of(config)
+    cfg = config.model_copy(update={"run_dir": str(tmp_path / "run")})
+    path = RunPaths.of(cfg).generations("qa")
+    path.parent.mkdir(parents=True)
+    path.write_text(records[0].to_json() + "\n")
+    tokenize.run(cfg, quiet=True)
+    out = RunPaths.of(cfg).tokenized("qa")
+    before = out.read_bytes()
+    path.write_text(records[0].to_json() + "\n" + json.dumps({"id": "qa/broken"}) + "\n")
+    with pytest.raises(JsonlError, match=r"qa\.jsonl:2: not a generation record"):
+        tokenize.run(cfg, quiet=True)
+    assert out.read_bytes() == before and not out.with_name(out.name + ".tmp").exists()

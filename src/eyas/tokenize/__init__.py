@@ -23,7 +23,8 @@ from pathlib import Path
 
 from eyas.config import RunConfig
 from eyas.console import console, progress
-from eyas.generate.store import read_records
+from eyas.jsonl import JsonlError, read_jsonl
+from eyas.records import GenerationRecord
 from eyas.paths import RunPaths
 from eyas.tokenize.formats import Format
 from eyas.tokenize.report import DatasetReport, details, table
@@ -57,7 +58,7 @@ def run(config: RunConfig, quiet: bool = False, verify_ids: bool = False) -> dic
         reports.append(report)
     result = {"format": fmt.name, "verify_ids": verify_ids, "datasets": {r.dataset: r.to_dict() for r in reports}}
     _write_json(paths.tokenize_report, result)
-    if not quiet:
+    if not quiet and reports:
         console.print(table(reports))
         for r in reports:
             for line in details(r):
@@ -74,13 +75,13 @@ def _tokenize_dataset(config: RunConfig, fmt: Format, source: Path, out_path: Pa
     report = DatasetReport(name, fmt.name)
     rebuilder = Rebuilder(fmt)
     policy = config.tokenize.on_mismatch
-    total = sum(1 for _ in read_records(source))
+    total = sum(1 for _ in read_jsonl(source))
     out = ParquetOut(out_path)
     started = time.monotonic()
     try:
         with progress(quiet) as bar:
             task = bar.add_task(name, total=total, rate=0.0)
-            for chunk in _chunks(read_records(source), CHUNK_RECORDS):
+            for chunk in _chunks(_records(source), CHUNK_RECORDS):
                 samples, dropped = rebuilder.rebuild(chunk)
                 for d in dropped:
                     report.drop(d)
@@ -103,6 +104,15 @@ def _tokenize_dataset(config: RunConfig, fmt: Format, source: Path, out_path: Pa
         raise
     out.commit()
     return report
+
+
+def _records(path: Path):
+    """The dataset's generation records; a line that is not one is an error naming file:line."""
+    for lineno, data in read_jsonl(path):
+        try:
+            yield GenerationRecord.from_dict(data)
+        except (TypeError, ValueError) as e:
+            raise JsonlError(f"{path}:{lineno}: not a generation record ({e})") from None
 
 
 def _chunks(items, size: int):
