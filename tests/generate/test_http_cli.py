@@ -161,3 +161,22 @@ def test_plan_uses_what_earlier_runs_measured_and_spent(tmp_path):
     # 20 prompts answered with 8 tokens each ("answer to: measured question N" + 3): measured, not max_tokens.
     assert cells[:7] == ["ds", "20", "6", "8", "-", "160", "20"]  # prompt tokens: 5 or 6 as the fake counts them
     assert f"spent so far ${fake.charged:,.4f}" in result.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_finished_work_and_the_rerun_completes(tmp_path):
+    prompts = [f"interrupt question {i}" for i in range(30)]
+    fake = FakeOpenAI(latency_s=0.15)
+    with FakeServer(fake) as server:
+        config = write_config(tmp_path, server.base_url, prompts)
+        proc = subprocess.Popen([*EYAS, "generate", str(config), "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(records(tmp_path)) < 6:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+        assert proc.returncode == 130  # typer turns KeyboardInterrupt into a silent exit 130
+        assert "Traceback" not in stderr and "internal error" not in stderr
+        assert 6 <= len(records(tmp_path)) < 30
+        assert eyas("generate", config, "-q").returncode == 0
+    assert sorted(r["prompt_id"] for r in records(tmp_path)) == sorted(f"p{i}" for i in range(30))

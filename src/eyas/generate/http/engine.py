@@ -81,6 +81,8 @@ class Outcome:
     record: GenerationRecord | None = None
     cost: float = 0.0
     error: dict[str, Any] | None = None
+    abandoned: bool = False
+    """Cancelled in flight: it may have been billed, so its reservation stays open in the ledger."""
 
 
 def request_template(config: RunConfig) -> dict[str, Any]:
@@ -149,9 +151,17 @@ class Engine:
             while self._tasks:
                 await asyncio.wait(set(self._tasks))
             await self._outcomes.join()
+        except asyncio.CancelledError:
+            # Interrupted (Ctrl-C): abandon the requests in flight, but save every answer already received.
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            raise
         finally:
             writer.cancel()
             await asyncio.gather(writer, return_exceptions=True)
+            while not self._outcomes.empty():
+                self._settle(self._outcomes.get_nowait())
         if self._crash is not None:
             raise self._crash
 
@@ -270,6 +280,9 @@ class Engine:
                 self.slots.grow()
                 outcome.record, outcome.cost = self._record(prompt, messages, reply, server.base_url, time.monotonic() - started, attempt)
                 return
+        except asyncio.CancelledError:
+            outcome.abandoned = True
+            raise
         finally:
             self.slots.release()
             self._outcomes.put_nowait(outcome)
@@ -325,6 +338,8 @@ class Engine:
             ds.records += 1
             ds.tokens += o.record.usage.completion_tokens
             ds.truncated += o.record.finish_reason == "length"
+            return
+        if o.abandoned:
             return
         self.ledger.release(o.key)
         if o.error is not None:
