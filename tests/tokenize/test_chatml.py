@@ -209,3 +209,18 @@ def test_a_bad_record_line_names_file_and_line_and_keeps_earlier_output(generate
     with pytest.raises(JsonlError, match=r"qa\.jsonl:2: not a generation record"):
         tokenize.run(cfg, quiet=True)
     assert out.read_bytes() == before and not out.with_name(out.name + ".tmp").exists()
+
+
+def test_a_seam_where_joint_encoding_differs_is_flagged(tokenizer):
+    """`assistant\\n` + `  Hi`: jointly the pre-tokenizer makes `\\n ` + ` Hi`, separately `\\n` | ` ` + ` Hi`."""
+    fmt = FORMATS["chatml"](HFEncoder(tokenizer))
+
+    def flags(content):
+        rec = GenerationRecord(
+            id="qa/s", dataset="qa", prompt_id="s", messages=[{"role": "user", "content": "Hi"}], content=content,
+            finish_reason="stop", usage=Usage(), model="m", provider="p", created=0.0,
+        )
+        return Rebuilder(fmt).rebuild([rec])[0][0].flags
+
+    assert "seam-differs" in flags("  Hi there")
+    assert "seam-differs" not in flags("Hi there")
