@@ -157,7 +157,7 @@ class GenerateConfig(Section):
     reasoning: ReasoningConfig | None = None
     """OpenAI backend: the request's `reasoning` object."""
     provider: ProviderRouting | None = None
-    """OpenAI backend: OpenRouter's `provider` routing object, sent as given."""
+    """OpenAI backend: OpenRouter's `provider` routing object, narrowed by `provider_policy` before it is sent."""
     provider_policy: ProviderPolicy | None = None
     """OpenAI backend: which endpoints the run accepts (merged into `provider`)."""
     extra_body: dict[str, Any] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eyas.config import GenerateConfig
+from eyas.config import ConfigError, GenerateConfig
 from eyas.generate.http.budget import Ledger, Pricing, estimate_prompt_tokens, replay
 from eyas.generate.http.plan import DatasetInputs, make_plan
 from eyas.generate.http.providers import parse_endpoints, provider_object, rejection, worst_case_pricing
@@ -72,6 +72,12 @@ def test_policy_and_request_provider_object_come_from_one_place():
     verdicts = {e.tag: rejection(e, provider) for e in _endpoints()}
     assert verdicts == {"fakeai": None, "cheapo/fp4": "quantization fp4", "precise": "ignored", "mystery": "ignored"}
     assert worst_case_pricing(_endpoints(), provider) == Pricing.per_million(1.0, 4.0)
+
+
+def test_routing_and_policy_that_allow_no_quantization_are_a_config_error():
+    g = GenerateConfig.model_validate({"provider": {"quantizations": ["fp4"]}, "provider_policy": {"quantizations": ["int4"]}})
+    with pytest.raises(ConfigError, match="no level in common"):
+        provider_object(g)
 
 
 def test_unknown_quantization_can_be_allowed_and_base_slugs_match_variants():

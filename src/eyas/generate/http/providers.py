@@ -14,7 +14,7 @@ from typing import Any
 
 from rich.table import Table
 
-from eyas.config import GenerateConfig
+from eyas.config import ConfigError, GenerateConfig
 from eyas.generate.http.budget import Pricing
 
 OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
@@ -86,6 +86,10 @@ def provider_object(g: GenerateConfig) -> dict[str, Any] | None:
                 allowed.append("unknown")
             given = routing.get("quantizations")
             routing["quantizations"] = [q for q in allowed if given is None or q in {x.lower() for x in given}]
+            if not routing["quantizations"]:
+                raise ConfigError(
+                    "generate.provider.quantizations and generate.provider_policy.quantizations have no level in common"
+                )
         if policy.ignore:
             routing["ignore"] = sorted(set(routing.get("ignore", [])) | set(policy.ignore))
     return routing or None
