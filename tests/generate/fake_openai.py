@@ -19,6 +19,7 @@ import asyncio
 import json
 import re
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -57,6 +58,8 @@ class FakeOpenAI:
     served: Counter = field(default_factory=Counter)
     attempts: Counter = field(default_factory=Counter)
     bodies: list = field(default_factory=list)
+    arrivals: list = field(default_factory=list)
+    """Monotonic arrival time of each request in `bodies`."""
     keep_bodies: bool = True
 
     def app(self) -> web.Application:
@@ -86,6 +89,7 @@ class FakeOpenAI:
             return self._error(400, "request body is not JSON")
         if self.keep_bodies:
             self.bodies.append(body)
+            self.arrivals.append(time.monotonic())
         prompt = body["messages"][-1]["content"]
         self.attempts[prompt] += 1
         attempt = self.attempts[prompt]

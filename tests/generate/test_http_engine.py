@@ -216,3 +216,19 @@ def test_a_second_run_on_the_same_run_dir_is_refused(tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX)
         with pytest.raises(ConfigError, match="another eyas generate is running"):
             generate.run(config, quiet=True)
+
+
+def test_a_dataset_waiting_on_its_target_does_not_hold_up_the_next(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", [{"prompt": f"first set {i}"} for i in range(5)])
+    b = write_jsonl(tmp_path / "b.jsonl", [{"prompt": f"second set {i}"} for i in range(3)])
+    fake = FakeOpenAI(latency_s=0.4)
+    with FakeServer(fake) as server:
+        # One request in flight may reach a's target (1 token): a waits for it, b goes ahead meanwhile.
+        config = make_config(tmp_path, server.base_url, ["unused"], concurrency=2, datasets=[
+            {"name": "a", "source": str(a), "output_token_target": 1}, {"name": "b", "source": str(b)}])
+        generate.run(config, quiet=True)
+    sent = [body["messages"][-1]["content"] for body in fake.bodies]
+    assert sent[:2] == ["first set 0", "second set 0"]
+    assert fake.arrivals[1] - fake.arrivals[0] < 0.2  # b did not wait for a's answer
+    assert len(lines(tmp_path / "run" / "generate" / "a.jsonl")) == 1
+    assert len(lines(tmp_path / "run" / "generate" / "b.jsonl")) == 3
