@@ -196,6 +196,8 @@ class TokenizeConfig(Section):
     """Output grammar of the target; `auto` derives it from the chat template."""
     on_mismatch: Literal["keep", "flag", "drop"] = "flag"
     """What to do with a sample whose rebuilt length disagrees with billing."""
+    system_prompt: str | None = None
+    """Kimi formats: system turn for conversations without one; unset: the format's (K2-Thinking's own, none for K2.5); "": none."""
 
 
 class MergeConfig(Section):

@@ -156,10 +156,25 @@ def test_tool_call_ids_count_over_the_conversation(rebuilder):
 
 
 def test_k2_thinking_model_writes_its_own_think_tag(encoding):
-    rb = Rebuilder(FORMATS["kimi-k2-thinking"](TiktokenEncoder(encoding)))
+    rb = Rebuilder(FORMATS["kimi-k2-thinking"](TiktokenEncoder(encoding), system_prompt=""))
     sample = rebuild_one(rb, CASES["reasoning_and_content"])
     assert sample.prompt_ids == PROMPT_HI[:-1]
     assert sample.completion_ids == [163606] + GOLDEN["reasoning_and_content"]
+
+
+def test_default_system_turn_k2_thinking_yes_k25_only_when_configured(encoding):
+    system = "<|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>"
+    for name, kwargs, expected in (
+        ("kimi-k2-thinking", {}, system),
+        ("kimi-k2.5", {}, ""),
+        ("kimi-k2.5", {"system_prompt": "Be brief."}, "<|im_system|>system<|im_middle|>Be brief.<|im_end|>"),
+    ):
+        rb = Rebuilder(FORMATS[name](TiktokenEncoder(encoding), **kwargs))
+        prompt = encoding.decode(rebuild_one(rb, CASES["reasoning_and_content"]).prompt_ids)
+        assert prompt.startswith(expected + "<|im_user|>user"), name
+    with_system = record("Hi.", "Hm.", messages=[{"role": "system", "content": "Own."}, {"role": "user", "content": "Hi"}])
+    rb = Rebuilder(FORMATS["kimi-k2-thinking"](TiktokenEncoder(encoding)))
+    assert encoding.decode(rebuild_one(rb, with_system).prompt_ids).startswith("<|im_system|>system<|im_middle|>Own.<|im_end|><|im_user|>")
 
 
 def test_shifted_special_ids_are_an_error(encoding):

@@ -18,7 +18,7 @@ def load_format(config: RunConfig) -> Format:
     name = config.tokenize.format
     if name in KIMI_FORMATS:
         encoder = TiktokenEncoder(_kimi_encoding(config))
-        return FORMATS[name](encoder)
+        return FORMATS[name](encoder, config.tokenize.system_prompt)
     from eyas.target import load_tokenizer
 
     encoder = HFEncoder(load_tokenizer(config.target))

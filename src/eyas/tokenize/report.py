@@ -133,6 +133,11 @@ def details(report: DatasetReport, limit: int = 20) -> list[str]:
         f"{name}: ids exact on {finish} samples: {_pct(exact, n)} ({exact}/{n})"
         for finish, (n, exact) in sorted(report.verified_by_finish.items())
     ]
+    if report.prompt_checked:
+        lines.append(
+            f"{name}: prompt length equals usage.prompt_tokens on {_pct(report.prompt_exact, report.prompt_checked)} "
+            f"({report.prompt_exact}/{report.prompt_checked})"
+        )
     if report.flags:
         lines.append(f"{name}: flags " + ", ".join(f"{k} {v}" for k, v in report.flags.most_common()))
     if report.mismatch_causes:

@@ -3,7 +3,9 @@
 Layout (``shared/reference/kimi-k2.md``): every turn is ``<|im_{role}|>{name}<|im_middle|>{content}<|im_end|>``
 with no newlines between turns; tools are declared in a first ``tool_declare`` system turn
 (rendered as JSON, as some servers do; compare the prompt length with ``usage.prompt_tokens``);
-earlier assistant turns keep an empty ``<think></think>`` (historical reasoning is dropped) except
+K2-Thinking adds its default system turn when the conversation has none (whether K2.5 does is
+unverified: ``tokenize.system_prompt`` sets it, and the report's prompt-token match against
+``usage.prompt_tokens`` tells which is right); earlier assistant turns keep an empty ``<think></think>`` (historical reasoning is dropped) except
 those after the last user turn. K2.5's generation prompt ends with ``<think>``, so its output
 starts with reasoning; K2-Thinking's ends at ``<|im_middle|>`` and the model writes ``<think>``.
 Completion: reasoning, ``</think>``, content, the tool-call section, ``<|im_end|>``; every seam
@@ -37,6 +39,12 @@ class KimiK25(Format):
     emitted = (*TOOL_MARKERS, "<think>", "</think>")
     expected_ids = {token: KIMI_SPECIAL_IDS[token] for token in _CHECKED}
     open_think_in_prompt = True
+    default_system = ""
+    """K2.5's injection of a default system prompt is unverified: none unless configured."""
+
+    def __init__(self, encoder, system_prompt: str | None = None):
+        super().__init__(encoder)
+        self.system_prompt = self.default_system if system_prompt is None else system_prompt
 
     def prompts(self, records: list[GenerationRecord]) -> list[list[Piece] | PlanError]:
         out: list[list[Piece] | PlanError] = []
@@ -52,6 +60,9 @@ class KimiK25(Format):
         pieces: list[Piece] = []
         if record.tools:
             pieces += self.turn("im_system", "tool_declare", [json.dumps(record.tools, ensure_ascii=False)])
+        first_role = record.messages[0].get("role") if record.messages else None
+        if self.system_prompt and first_role not in ("system", "developer"):
+            pieces += self.turn("im_system", "system", [self.system_prompt])
         last_user = max((i for i, m in enumerate(record.messages) if m.get("role") == "user"), default=-1)
         calls_so_far = 0
         for i, m in enumerate(record.messages):
@@ -102,6 +113,7 @@ class KimiK25(Format):
 class KimiK2Thinking(KimiK25):
     name = "kimi-k2-thinking"
     open_think_in_prompt = False
+    default_system = "You are Kimi, an AI assistant created by Moonshot AI."
 
 
 def _calls_before(messages: list[Message]) -> int:
