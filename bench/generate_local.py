@@ -1,0 +1,72 @@
+"""Local generation throughput: batched (left-padded, length-sorted) vs one prompt at a time.
+
+Same prompts, same model (the embedded SmolLM2-135M-Instruct), same greedy settings; both
+runs in one process so the ratio holds even when absolute speed drifts on a shared machine.
+
+    .venv/bin/python bench/generate_local.py [--prompts 32] [--max-tokens 64] [--batch-size 16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from eyas.config import GenerateConfig, TargetConfig
+from eyas.generate.local import Job, LocalGenerator, run_jobs
+from eyas.target import end_of_turn_id, load_model, load_tokenizer
+
+TOPICS = ["rain", "volcanoes", "bread", "chess", "the moon", "bees", "rivers", "jazz",
+          "glaciers", "paper", "bicycles", "tea", "owls", "deserts", "clocks", "salt"]
+
+
+def questions(n: int) -> list[str]:
+    forms = ["Explain how {} works.", "Write a short story about {}.", "What are three facts about {}?"]
+    return [forms[i % len(forms)].format(TOPICS[i % len(TOPICS)]) for i in range(n)]
+
+
+def measure(generator: LocalGenerator, jobs: list[Job]) -> tuple[int, float]:
+    tokens = 0
+
+    def count(_job, completion):
+        nonlocal tokens
+        tokens += len(completion.token_ids)
+
+    start = time.perf_counter()
+    run_jobs(generator, jobs, count, seed=0)
+    return tokens, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=16)
+    args = parser.parse_args()
+
+    target = TargetConfig(device="cpu")
+    tokenizer, model = load_tokenizer(target), load_model(target)
+    rows = []
+    for batch_size in (1, args.batch_size):
+        settings = GenerateConfig(max_tokens=args.max_tokens, batch_size=batch_size)
+        generator = LocalGenerator(model, tokenizer, end_of_turn_id(tokenizer), settings)
+        jobs = [Job(i, [{"role": "user", "content": q}], []) for i, q in enumerate(questions(args.prompts))]
+        for job in jobs:
+            job.prompt_ids = generator.encode_prompt(job.messages)
+        tokens, seconds = measure(generator, jobs)
+        rows.append((batch_size, tokens, seconds))
+
+    table = Table(title=f"local generation, {args.prompts} prompts, ≤{args.max_tokens} new tokens, greedy")
+    for col in ("batch size", "tokens", "seconds", "tokens/s", "vs one at a time"):
+        table.add_column(col, justify="right")
+    base = rows[0][1] / rows[0][2]
+    for batch_size, tokens, seconds in rows:
+        rate = tokens / seconds
+        table.add_row(str(batch_size), f"{tokens:,}", f"{seconds:.1f}", f"{rate:.1f}", f"{rate / base:.2f}×")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
