@@ -192,11 +192,11 @@ def test_a_rejected_key_fails_fast_without_printing_it(tmp_path, monkeypatch, ca
 
 
 def test_keepalives_hold_a_slow_stream_open_while_silence_times_out(tmp_path):
-    fake = FakeOpenAI(latency_s=0.6, keepalives=4)  # 0.6 s to answer: a keep-alive every 0.15 s when streaming
+    fake = FakeOpenAI(latency_s=0.9, keepalives=6)  # 0.9 s to answer: a keep-alive every 0.15 s when streaming
     with FakeServer(fake) as server:
-        streamed = make_config(tmp_path / "sse", server.base_url, ["slow one"], stream=True, read_timeout_s=0.4)
+        streamed = make_config(tmp_path / "sse", server.base_url, ["slow one"], stream=True, read_timeout_s=0.5)
         generate.run(streamed, quiet=True)
-        silent = make_config(tmp_path / "json", server.base_url, ["slow two"], read_timeout_s=0.4, max_attempts=2)
+        silent = make_config(tmp_path / "json", server.base_url, ["slow two"], read_timeout_s=0.5, max_attempts=2)
         generate.run(silent, quiet=True)
     assert [r["content"] for r in lines(tmp_path / "sse" / "run" / "generate" / "ds.jsonl")] == ["answer to: slow one"]
     assert not lines(tmp_path / "json" / "run" / "generate" / "ds.jsonl")
@@ -221,7 +221,7 @@ def test_a_second_run_on_the_same_run_dir_is_refused(tmp_path):
 def test_a_dataset_waiting_on_its_target_does_not_hold_up_the_next(tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", [{"prompt": f"first set {i}"} for i in range(5)])
     b = write_jsonl(tmp_path / "b.jsonl", [{"prompt": f"second set {i}"} for i in range(3)])
-    fake = FakeOpenAI(latency_s=0.4)
+    fake = FakeOpenAI(latency_s=0.6)
     with FakeServer(fake) as server:
         # One request in flight may reach a's target (1 token): a waits for it, b goes ahead meanwhile.
         config = make_config(tmp_path, server.base_url, ["unused"], concurrency=2, datasets=[
@@ -229,6 +229,6 @@ def test_a_dataset_waiting_on_its_target_does_not_hold_up_the_next(tmp_path):
         generate.run(config, quiet=True)
     sent = [body["messages"][-1]["content"] for body in fake.bodies]
     assert sent[:2] == ["first set 0", "second set 0"]
-    assert fake.arrivals[1] - fake.arrivals[0] < 0.2  # b did not wait for a's answer
+    assert fake.arrivals[1] - fake.arrivals[0] < 0.3  # b did not wait for a's answer (0.6 s)
     assert len(lines(tmp_path / "run" / "generate" / "a.jsonl")) == 1
     assert len(lines(tmp_path / "run" / "generate" / "b.jsonl")) == 3
