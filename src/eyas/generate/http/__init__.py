@@ -118,7 +118,7 @@ async def _run(config: RunConfig, paths: RunPaths, api_key: str | None, quiet: b
         try:
             for d in config.datasets:
                 progress = scan(paths.generations(d.name))
-                pending = sum(1 for p in iter_prompts(d) if p.record_id not in progress.done)
+                pending = _count_pending(d, progress.done)
                 errors = ErrorLog(paths.generation_errors(d.name), progress.done)
                 writer = RecordWriter(paths.generations(d.name), progress)
                 datasets.append(DatasetRun(d, progress, writer, errors, pending))
@@ -140,6 +140,17 @@ async def _run(config: RunConfig, paths: RunPaths, api_key: str | None, quiet: b
     _report(engine, ledger)
     if engine.stop_reason is not None:
         raise engine.stop_reason
+
+
+def _count_pending(dataset, done: set[str]) -> int:
+    """Prompts left to do, for ETA and cost projection; quiet, since the feeding pass reports skipped rows."""
+    prompts_log = logging.getLogger("eyas.prompts")
+    level = prompts_log.level
+    prompts_log.setLevel(logging.ERROR)
+    try:
+        return sum(1 for p in iter_prompts(dataset) if p.record_id not in done)
+    finally:
+        prompts_log.setLevel(level)
 
 
 def _report(engine, ledger: Ledger) -> None:
