@@ -232,3 +232,18 @@ def test_a_dataset_waiting_on_its_target_does_not_hold_up_the_next(tmp_path):
     assert fake.arrivals[1] - fake.arrivals[0] < 0.3  # b did not wait for a's answer (0.6 s)
     assert len(lines(tmp_path / "run" / "generate" / "a.jsonl")) == 1
     assert len(lines(tmp_path / "run" / "generate" / "b.jsonl")) == 3
+
+
+def test_tools_and_sampling_settings_reach_the_server(tmp_path):
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+    source = write_jsonl(tmp_path / "tools.jsonl", [{"messages": [{"role": "user", "content": "what time is it"}], "tools": tools}])
+    fake = FakeOpenAI()
+    with FakeServer(fake) as server:
+        config = make_config(tmp_path, server.base_url, ["unused"], temperature=0.7, top_p=0.9, seed=5, stop=["###"],
+                             datasets=[{"name": "t", "source": str(source)}])
+        generate.run(config, quiet=True)
+    [body] = fake.bodies
+    assert body["tools"] == tools
+    assert (body["temperature"], body["top_p"], body["seed"], body["stop"], body["model"]) == (0.7, 0.9, 5, ["###"], "fake/model")
+    [record] = lines(tmp_path / "run" / "generate" / "t.jsonl")
+    assert record["tools"] == tools and record["content"] == "answer to: what time is it"
