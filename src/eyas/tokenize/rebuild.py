@@ -31,6 +31,8 @@ SEAM_HEAD_CHARS = 16
 """Model text looked at across a seam: pre-tokenization is local, so a seam that changes the
 split changes it within the first pre-token."""
 SEAM_TAIL_CHARS = 256
+PROMPT_END_CHARS = 32
+"""Enough of the prompt's end to see whether the template already opened the think block."""
 
 
 @dataclass
@@ -68,6 +70,8 @@ def normalize(pieces: Sequence[Piece]) -> list[Piece]:
 
 
 class Rebuilder:
+    """Rebuilds chunks of records in one format; holds no state between chunks."""
+
     def __init__(self, fmt: Format):
         self.fmt = fmt
         self.encoder = fmt.encoder
@@ -104,7 +108,7 @@ class Rebuilder:
         if not prompt:
             return ""
         last = prompt[-1]
-        return self.encoder.token_str(last) if isinstance(last, int) else last[-SEAM_HEAD_CHARS:]
+        return self.encoder.token_str(last) if isinstance(last, int) else last[-PROMPT_END_CHARS:]
 
     def encode(self, seqs: Sequence[list[Piece]]) -> tuple[list[list[int]], list[bool]]:
         """Ids of each piece list, and whether a special id came out of model text (it must not)."""
