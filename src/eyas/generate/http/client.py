@@ -60,9 +60,9 @@ class Transport:
                 if resp.status != 200:
                     raw = await resp.read()
                     raise RequestFailure(self._http_failure(resp.status, raw, resp.headers.get("Retry-After")))
-                if stream:
-                    return await _read_stream(resp)
-                return parse_body(await resp.read())
+                reply = await _read_stream(resp) if stream else parse_body(await resp.read())
+                reply.generation_id = reply.generation_id or resp.headers.get("X-Generation-Id")
+                return reply
         except RequestFailure as e:
             if self._api_key and self._api_key in e.failure.message:
                 f = e.failure
