@@ -142,3 +142,13 @@ def test_qwen3_raw_output_without_a_reasoning_parser(target_config):
     fmt = FORMATS["qwen3"](encoder)
     raw = record("<think>\nAdd two and two.\n</think>\n\nIt is 4.")
     assert completion_text(encoder, fmt, raw) == completion_text(encoder, fmt, CASES["think"])
+
+
+def test_qwen3_thinking_off_prompt_closes_the_think_block(target_config):
+    """With `enable_thinking=False` Qwen3's prompt ends `<think>\\n\\n</think>\\n\\n`: the model writes only the answer."""
+    encoder = family_encoder(target_config, "qwen3")
+    encoder.tokenizer.chat_template = QWEN3_TEMPLATE.replace(
+        "<|im_start|>assistant\n{% endif %}", "<|im_start|>assistant\n<think>\n\n</think>\n\n{% endif %}"
+    )
+    text, _ = completion_text(encoder, FORMATS["qwen3"](encoder), record("It is 4."))
+    assert text == "It is 4.<|im_end|>"
