@@ -4,7 +4,8 @@ Failures are scripted per prompt by directives in the last user message, so ever
 knows exactly what each prompt meets: ``[[429x2]]`` answers the first two attempts with
 429 + Retry-After, then serves it. Directives: ``429 500 502 503 reset err200 toperr empty
 malformed inflight midstream ctx always500`` (x N attempts, default 1), ``length``, and
-``huge`` (a 600 kB answer, streamed as one chunk).
+``huge`` (a 600 kB answer, streamed as one chunk), ``noid`` (the generation id only in the
+``X-Generation-Id`` header).
 Server-wide: latency, prices, a credit balance after which every request gets a final 402,
 an expected API key, SSE keep-alive comments. It counts what it served and charged, so tests
 can check that nothing was bought twice.
@@ -134,11 +135,14 @@ class FakeOpenAI:
         if body.get("stream"):
             return await self._stream(request, gen_id, content, finish, usage, "midstream" in failing, prompt, cost)
         self._charge(prompt, cost)
-        return web.json_response({
+        answer = {
             "id": gen_id, "provider": "FakeAI", "model": body.get("model"),
             "choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": content, "reasoning": "let me think"}}],
             "usage": usage,
-        })
+        }
+        if "noid" in directives:
+            del answer["id"]
+        return web.json_response(answer, headers={"X-Generation-Id": gen_id})
 
     def _charge(self, prompt: str, cost: float) -> None:
         self.served[prompt] += 1

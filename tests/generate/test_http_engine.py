@@ -46,7 +46,7 @@ def check_exactly_once(records: list[dict], fake: FakeOpenAI) -> None:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 def test_every_failure_ends_in_one_record_or_one_error_line(tmp_path, stream):
-    prompts = ["plain one", "plain two", *FAILURES, "[[huge]] m"]
+    prompts = ["plain one", "plain two", *FAILURES, "[[huge]] m", "[[noid]] n"]
     fake = FakeOpenAI(latency_s=0.01, keepalives=3)
     with FakeServer(fake) as server:
         config = make_config(tmp_path, server.base_url, prompts, stream=stream,
