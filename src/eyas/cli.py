@@ -62,14 +62,6 @@ def generate(config: ConfigArg, quiet: QuietOpt = False) -> None:
 
 
 @app.command()
-def merge(config: ConfigArg, quiet: QuietOpt = False) -> None:
-    """Stage 4: merge and shuffle every tokenized dataset; hold out the eval split."""
-    from eyas import merge as stage
-
-    stage.run(_open_run(config, quiet), quiet)
-
-
-@app.command()
 def tokenize(
     config: ConfigArg,
     verify_ids: Annotated[
@@ -81,6 +73,14 @@ def tokenize(
     from eyas import tokenize as stage
 
     stage.run(_open_run(config, quiet), quiet, verify_ids=verify_ids)
+
+
+@app.command()
+def merge(config: ConfigArg, quiet: QuietOpt = False) -> None:
+    """Stage 4: merge and shuffle every tokenized dataset; hold out the eval split."""
+    from eyas import merge as stage
+
+    stage.run(_open_run(config, quiet), quiet)
 
 
 @app.command()
@@ -219,6 +219,3 @@ def main() -> None:
         # Credits exhausted (3), budget reached (4), requests rejected (5): see eyas.generate.http.errors.
         console.print(f"[bold red]stopped:[/] {e}", markup=True, highlight=False)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        console.print("interrupted; finished work is saved, rerun the same command to resume")
-        sys.exit(130)

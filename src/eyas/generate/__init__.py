@@ -33,6 +33,8 @@ def sampling_settings(config: RunConfig) -> dict:
         "top_p": g.top_p,
         "seed": g.seed,
         "stop": g.stop,
+        "reasoning": g.reasoning.model_dump(exclude_none=True) if g.reasoning else None,
+        "extra_body": g.extra_body,
     }
 
 
