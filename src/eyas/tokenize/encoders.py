@@ -24,8 +24,6 @@ class PlanError(ValueError):
 class HFEncoder:
     """A transformers tokenizer: its chat template renders prompts, its Rust core encodes."""
 
-    kind = "hf"
-
     def __init__(self, tokenizer: Any):
         from tokenizers import Tokenizer
 
@@ -118,8 +116,6 @@ def _added_token_splitter(added: Any, core: Any) -> re.Pattern | None:
 class TiktokenEncoder:
     """A ``tiktoken.Encoding`` (Kimi's tokenizer): formats render their prompts themselves."""
 
-    kind = "tiktoken"
-
     def __init__(self, encoding: Any):
         self.encoding = encoding
         self.special_ids = frozenset(encoding._special_tokens.values())
@@ -149,5 +145,3 @@ class TiktokenEncoder:
         return self.encoding.decode(ids)
 
 
-
-Encoder = HFEncoder | TiktokenEncoder
