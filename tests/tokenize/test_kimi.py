@@ -216,6 +216,9 @@ def test_run_on_a_kimi_model_dir_writes_the_golden_ids(tmp_path):
     names = ["reasoning_and_content", "cjk_and_emoji", "length_truncated_in_content"]
     rows = [replace(CASES[n], id=f"kimi/{i}", usage=Usage(completion_tokens=len(GOLDEN[n]))) for i, n in enumerate(names)]
     path.write_text("".join(r.to_json() + "\n" for r in rows))
+    auto = config.model_copy(update={"tokenize": config.tokenize.model_copy(update={"format": "auto"})})
+    with pytest.raises(ConfigError, match="ships a tiktoken tokenizer"):
+        tokenize.run(auto, quiet=True)
     report = tokenize.run(config, quiet=True)["datasets"]["kimi"]
     assert report["billing_exact_rate"] == 1.0 and report["samples"] == 3
     table = pq.read_table(RunPaths.of(config).tokenized("kimi")).to_pylist()

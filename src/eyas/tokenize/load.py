@@ -19,8 +19,14 @@ def load_format(config: RunConfig) -> Format:
     if name in KIMI_FORMATS:
         encoder = TiktokenEncoder(_kimi_encoding(config))
         return FORMATS[name](encoder, config.tokenize.system_prompt)
-    from eyas.target import load_tokenizer
+    from eyas.target import load_tokenizer, resolve_target
 
+    source = Path(config.target.tokenizer or resolve_target(config.target).name_or_path)
+    if (source / "tiktoken.model").is_file() and not (source / "tokenizer.json").is_file():
+        raise ConfigError(
+            f"tokenize.format: {source} ships a tiktoken tokenizer (Kimi); use kimi-k2.5 or kimi-k2-thinking, "
+            "never an automatic fast-tokenizer conversion (it has shifted special ids)"
+        )
     encoder = HFEncoder(load_tokenizer(config.target))
     if name == "auto":
         from eyas.tokenize.auto import AutoFormat
