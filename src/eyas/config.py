@@ -240,7 +240,7 @@ class TrainConfig(Section):
     draft_vocab_size: int | None = Field(default=None, ge=1)
     """Draft vocabulary size; default min(32000, target vocab)."""
     hidden_size: int | None = None
-    """Drafter hidden size; default the target's."""
+    """Drafter hidden size; must equal the target's (the drafter reuses its embedding), so leave unset."""
     intermediate_size: int | None = None
     """Drafter MLP width; default the target's."""
     num_attention_heads: int | None = None
@@ -264,11 +264,13 @@ class TrainConfig(Section):
     batch_size: int = Field(default=8, ge=1)
     """Samples per optimizer step (global, across ranks)."""
     max_seq_len: int = Field(default=2048, ge=2)
-    """Longest sequence fed to the drafter."""
+    """Longest sequence fed to the drafter; longer samples are truncated."""
     checkpoint_every: int = Field(default=200, ge=1)
     """Optimizer steps between checkpoints."""
     eval_every: int = Field(default=200, ge=1)
-    """Optimizer steps between held-out evaluations."""
+    """Optimizer steps between held-out evaluations (one more runs at the end)."""
+    eval_with_target: bool | None = None
+    """Evaluate on the eval split, running the target here for its states; default on online, off offline (a target too big to co-locate)."""
     seed: int = 0
     """Initialisation and data-order seed."""
     parallel: Literal["ddp", "fsdp"] = "ddp"

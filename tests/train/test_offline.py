@@ -15,7 +15,7 @@ def test_offline_from_shards_matches_online(merged_run, tmp_path):
     settings = {"max_steps": 4, "epochs": 10.0}
     offline = copy_run(merged_run, tmp_path / "offline")
     eyas.train.run(load_tiny(merged_run, **settings), quiet=True)
-    config = load_tiny(offline, "offline", **settings)
+    config = load_tiny(offline, "offline", eval_with_target=True, **settings)
     eyas.extract.run(config, quiet=True)
     result = eyas.train.run(config, quiet=True)
     online_rows = read_metrics(merged_run / "train" / "metrics.jsonl")
@@ -26,3 +26,18 @@ def test_offline_from_shards_matches_online(merged_run, tmp_path):
         assert b["loss"] == pytest.approx(a["loss"], rel=0.02)
     assert offline_rows[-1]["loss"] < offline_rows[0]["loss"]
     assert len(result["eval"]["acc"]) == 3
+
+
+@pytest.mark.slow
+def test_offline_without_eval_reads_only_embedding_and_head(merged_run, monkeypatch):
+    import eyas.train.loop as loop
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("offline training must not load the whole target")
+
+    config = load_tiny(merged_run, "offline", max_steps=2)
+    eyas.extract.run(config, quiet=True)
+    monkeypatch.setattr(loop, "load_model", refuse)
+    result = eyas.train.run(config, quiet=True)
+    assert result["eval"] is None and result["final"] is not None
+    assert len(read_metrics(merged_run / "train" / "metrics.jsonl")) == 2

@@ -14,7 +14,6 @@ world-th sample of it. Resuming at step s therefore needs nothing but s.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 import torch
@@ -73,6 +72,9 @@ class OnlineSource:
     def __len__(self) -> int:
         return len(self.samples)
 
+    def lengths(self) -> list[int]:
+        return [len(s.input_ids) for s in self.samples]
+
     def batch(self, indices: list[int]) -> Batch:
         ids, mask = pad([self.samples[i] for i in indices], self.device)
         # Right padding needs no attention mask: causal attention keeps real positions
@@ -85,11 +87,22 @@ class OnlineSource:
 class OfflineSource:
     """Samples and hidden states read from the extracted shards."""
 
-    def __init__(self, hidden_dir, max_seq_len: int, device: torch.device) -> None:
+    def __init__(self, paths: RunPaths, max_seq_len: int, device: torch.device) -> None:
         from eyas.extract.reader import HiddenStates
+        from eyas.merge.reader import split_lengths
 
-        self.states = HiddenStates(hidden_dir)
+        self.states = HiddenStates(paths.hidden_dir)
         self.max_seq_len, self.device = max_seq_len, device
+        # Sample i of the shards is row i of the merged train split.
+        self._lengths = [min(n, max_seq_len) for n in split_lengths(paths, "train")]
+        if len(self._lengths) != len(self.states):
+            raise ConfigError(
+                f"{paths.hidden_dir}: {len(self.states)} samples but the merged train split has {len(self._lengths)}; "
+                "rerun `eyas extract CONFIG`"
+            )
+
+    def lengths(self) -> list[int]:
+        return self._lengths
 
     @property
     def aux_layers(self) -> list[int]:
@@ -111,13 +124,23 @@ class OfflineSource:
         return Batch(ids, mask, aux.to(self.device), final.to(self.device), sum(len(s.input_ids) for s in samples))
 
 
-@dataclass(frozen=True)
+GROUP_BATCHES = 32
+"""Batches per length group: samples of similar length share a batch (less padding, which
+both the target forward and the drafter would spend compute on), while the group is large
+enough that batch order stays random."""
+
+
 class Schedule:
     """Which samples each optimizer step reads."""
 
-    num_samples: int
-    batch_size: int
-    seed: int
+    def __init__(self, lengths: list[int], batch_size: int, seed: int) -> None:
+        self.lengths, self.batch_size, self.seed = lengths, batch_size, seed
+        self._epoch: int | None = None
+        self._batches: list[list[int]] = []
+
+    @property
+    def num_samples(self) -> int:
+        return len(self.lengths)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -125,16 +148,23 @@ class Schedule:
 
     def global_batch(self, step: int) -> list[int]:
         epoch, index = divmod(step, self.steps_per_epoch)
-        order = _permutation(self.num_samples, self.seed + epoch)
-        return order[index * self.batch_size : (index + 1) * self.batch_size]
+        if epoch != self._epoch:
+            self._epoch, self._batches = epoch, self._epoch_batches(epoch)
+        return self._batches[index]
 
     def rank_batch(self, step: int, rank: int, world: int) -> list[int]:
         return self.global_batch(step)[rank::world]
 
-
-@lru_cache(maxsize=2)
-def _permutation(n: int, seed: int) -> list[int]:
-    return torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+    def _epoch_batches(self, epoch: int) -> list[list[int]]:
+        """Shuffle, sort each group of GROUP_BATCHES batches by length, then shuffle the batches."""
+        generator = torch.Generator().manual_seed(self.seed + epoch)
+        size = min(self.batch_size, self.num_samples)
+        order = torch.randperm(self.num_samples, generator=generator).tolist()[: self.steps_per_epoch * size]
+        batches = []
+        for start in range(0, len(order), size * GROUP_BATCHES):
+            group = sorted(order[start : start + size * GROUP_BATCHES], key=lambda i: self.lengths[i])
+            batches.extend(group[i : i + size] for i in range(0, len(group), size))
+        return [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
 
 
 def check_sizes(num_samples: int, batch_size: int, world: int, source: str) -> None:

@@ -29,6 +29,7 @@ from eyas.train.data import OfflineSource, OnlineSource, Schedule, check_sizes, 
 from eyas.train.distributed import World
 from eyas.train.drafter import Eagle3Drafter
 from eyas.train.evaluate import TargetHead, batch_stats, evaluate, summarize, totals
+from eyas.train.heads import TargetParts, from_files, from_model
 from eyas.train.metrics import MetricsLog
 from eyas.train.spec import spec_for_target
 from eyas.train.vocab import build_vocab, count_answer_tokens, draft_vocab_size, load_vocab, save_vocab
@@ -83,11 +84,21 @@ def prepare_vocab(config: RunConfig, paths: RunPaths, vocab_size: int, world: Wo
     return d2t, t2d
 
 
+def load_target(config: RunConfig, world: World) -> tuple[object | None, TargetParts]:
+    """The target model when this process runs it (online, or for evaluation), and its head parts."""
+    offline = config.extract.mode == "offline"
+    with_target = config.train.eval_with_target
+    if not offline or (with_target if with_target is not None else False):
+        model = load_model(config.target, world.device)
+        return model, from_model(model)
+    return None, from_files(config.target, world.device)
+
+
 def build_source(config: RunConfig, paths: RunPaths, model, world: World):
     """Training samples with their hidden states (online or from shards) and the aux layers."""
     cfg = config.train
     if config.extract.mode == "offline":
-        source = OfflineSource(paths.hidden_dir, cfg.max_seq_len, world.device)
+        source = OfflineSource(paths, cfg.max_seq_len, world.device)
         aux_layers = source.aux_layers
     else:
         aux_layers = config.extract.aux_layers or default_aux_layers(num_decoder_layers(model))
@@ -114,20 +125,23 @@ def save_final(paths: RunPaths, drafter: Eagle3Drafter) -> Path:
 
 def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int | None = None) -> dict:
     cfg, paths = config.train, RunPaths.of(config)
-    model = load_model(config.target, world.device)
+    model, parts = load_target(config, world)
     source, aux_layers = build_source(config, paths, model, world)
-    eval_samples = read_split(paths, "eval", cfg.max_seq_len)
+    eval_samples = read_split(paths, "eval", cfg.max_seq_len) if model is not None else []
     eval_source = OnlineSource(eval_samples, model, aux_layers, world.device) if eval_samples else None
-    d2t, t2d = prepare_vocab(config, paths, model.config.vocab_size, world)
-    spec = spec_for_target(model.config, cfg, aux_layers, d2t.shape[0])
+    if eval_source is None:
+        why = "the eval split is empty" if model is not None else "offline mode without train.eval_with_target"
+        log.warning("no held-out evaluation during training: %s", why)
+    d2t, t2d = prepare_vocab(config, paths, parts.config.vocab_size, world)
+    spec = spec_for_target(parts.config, cfg, aux_layers, d2t.shape[0])
 
     torch.manual_seed(cfg.seed)
-    drafter = Eagle3Drafter(spec, model.get_input_embeddings().weight).to(world.device)
+    drafter = Eagle3Drafter(spec, parts.embedding).to(world.device)
     drafter.set_vocab(d2t, t2d)
     drafter.train()
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    schedule = Schedule(len(source), cfg.batch_size, cfg.seed)
+    schedule = Schedule(source.lengths(), cfg.batch_size, cfg.seed)
     total = math.ceil(cfg.epochs * schedule.steps_per_epoch)
     total = min(total, cfg.max_steps) if cfg.max_steps else total
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(total, round(cfg.warmup_ratio * total)))
@@ -144,7 +158,7 @@ def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int 
     if world.distributed:
         device_ids = [world.device.index] if world.device.type == "cuda" else None
         forward = torch.nn.parallel.DistributedDataParallel(drafter, device_ids=device_ids, broadcast_buffers=False)
-    head = TargetHead(model.lm_head.weight, torch.arange(d2t.shape[0], device=world.device) + d2t.to(world.device), t2d.to(world.device))
+    head = TargetHead(parts.lm_head, torch.arange(d2t.shape[0], device=world.device) + d2t.to(world.device), t2d.to(world.device))
     autocast = autocast_for(world.device)
     weights = torch.tensor([cfg.step_weight**k for k in range(cfg.ttt_steps)], dtype=torch.float64)
     last_eval: dict | None = None
