@@ -13,10 +13,11 @@ from eyas.records import GenerationRecord
 from eyas.tokenize.formats import ENDS_TURN, Format
 
 
-def structural_flags(fmt: Format, record: GenerationRecord, completion_ids: list[int]) -> list[str]:
+def structural_flags(fmt: Format, record: GenerationRecord, completion_ids: list[int], stop_string: bool) -> list[str]:
+    """``stop_string``: billing showed a stop string, not the end-of-turn token, ended the turn."""
     flags = []
     ends = bool(completion_ids) and completion_ids[-1] == fmt.end_of_turn_id
-    if ends != (record.finish_reason in ENDS_TURN):
+    if ends != (record.finish_reason in ENDS_TURN and not stop_string):
         flags.append("end-of-turn-wrong")
     if fmt.thinks and not (record.reasoning or fmt.think_close in (record.content or "")):
         flags.append("reasoning-missing")

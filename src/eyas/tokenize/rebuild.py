@@ -6,7 +6,8 @@ see ``bench/tokenize_rebuild.py``), and the ids are joined with the specials in 
 
 A completion whose length disagrees with the billed completion tokens is tried in its other
 readings, fewest changes first, and the first that matches billing wins (named in ``flags``):
-raw tool/think markers in the text read as text instead of special tokens; then whitespace
+a ``stop`` turn without its end-of-turn token (a configured stop string ended it); raw
+tool/think markers in the text read as text instead of special tokens; then whitespace
 restored at the reasoning and content edges, which some servers strip. Whitespace is only
 tried within ``MAX_WHITESPACE_DELTA`` tokens of billing and at most two edges at once: that
 covers ``.strip()`` on both segments while bounding the work on samples that are off for
@@ -100,7 +101,7 @@ class Rebuilder:
         self.match_billing([(s, end) for s, (_, _, _, end) in zip(samples, planned)])
         self.check_seams(samples, [p for _, p, _, _ in planned], [c for _, _, c, _ in planned])
         for s in samples:
-            s.flags += structural_flags(self.fmt, s.record, s.completion_ids)
+            s.flags += structural_flags(self.fmt, s.record, s.completion_ids, "stop-string" in s.flags)
         return samples, dropped
 
     def prompt_end(self, prompt: list[Piece]) -> str:
@@ -147,9 +148,16 @@ class Rebuilder:
                     seq = self.fmt.completion(s.record, end, reasoning, content, as_specials)
                 except PlanError:
                     continue
-                owners.append(s)
-                seqs.append(normalize(seq))
-                tags.append(flags)
+                seq = normalize(seq)
+                if flags or not as_specials:
+                    owners.append(s)
+                    seqs.append(seq)
+                    tags.append(flags)
+                if s.record.finish_reason == "stop" and seq and seq[-1] == self.fmt.end_of_turn_id:
+                    # A configured stop string ends a turn without the end-of-turn token.
+                    owners.append(s)
+                    seqs.append(seq[:-1])
+                    tags.append([*flags, "stop-string"])
         ids, leaks = self.encode(seqs)
         fixed: set[int] = set()
         for s, candidate, leak, flags in zip(owners, ids, leaks, tags):
@@ -162,7 +170,8 @@ class Rebuilder:
                 s.flags.append("billing-mismatch")
 
     def readings(self, record: GenerationRecord, delta: int) -> list[tuple[list[str], str, str, bool]]:
-        """Alternative (flags, reasoning, content, markers-as-specials), fewest changes first."""
+        """(flags, reasoning, content, markers-as-specials) to try, fewest changes first; the first is
+        the default reading, tried again only without its end of turn."""
         reasoning, content = record.reasoning or "", record.content or ""
         modes = [(True, [])]
         if self.fmt.has_markers(content) or self.fmt.has_markers(reasoning):
@@ -176,8 +185,6 @@ class Rebuilder:
             for chosen in itertools.combinations(edges, k):
                 for spaces in itertools.product(WHITESPACE, repeat=k):
                     for as_specials, mode_flags in modes:
-                        if k == 0 and as_specials:
-                            continue
                         texts = {"reasoning": reasoning, "content": content}
                         flags = list(mode_flags)
                         for (segment, side), ws in zip(chosen, spaces):
