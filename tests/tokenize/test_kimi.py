@@ -40,6 +40,8 @@ GOLDEN = {
     "length_truncated_in_reasoning": [10267, 757, 1797, 25, 220, 16, 11, 220, 17, 11, 220, 18],
     "length_truncated_in_content": [37830, 13, 163607, 791, 4320, 374],
 }
+WHITESPACE_TRUTH = [791, 2694, 315, 220, 17, 323, 220, 17, 374, 220, 19, 198, 163607, 198, 791, 4320, 374, 220, 19, 13, 163586]
+# reasoning "The sum of 2 and 2 is 4\n" (198 before </think>), content "\nThe answer is 4." (198 after it)
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +134,7 @@ def test_whitespace_stripped_by_the_server_is_recovered_via_billing(rebuilder):
     billed = len(truth.completion_ids)
     stripped = rebuild_one(rebuilder, record("The answer is 4.", "The sum of 2 and 2 is 4", billed=billed))
     assert len(rebuild_one(rebuilder, record("The answer is 4.", "The sum of 2 and 2 is 4")).completion_ids) == billed - 2
-    assert stripped.completion_ids == truth.completion_ids
+    assert stripped.completion_ids == truth.completion_ids == WHITESPACE_TRUTH
     assert stripped.flags == ["whitespace:reasoning.trail='\\n'", "whitespace:content.lead='\\n'"]
 
 
