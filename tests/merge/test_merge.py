@@ -1,11 +1,14 @@
 import json
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from eyas import merge
 from eyas.config import ConfigError, RunConfig
 from eyas.merge.plan import base_prompt_id
+from eyas.merge.shuffle import Buckets
 from eyas.merge.reader import iter_split, read_rows, split_files, split_lengths
 from eyas.paths import RunPaths
 from eyas.records import TOKENIZED_COLUMNS
@@ -45,12 +48,11 @@ def test_merge_writes_shuffled_splits_stats_and_holds_out_by_prompt(tmp_path, co
     assert not (paths.root / "merge.tmp").exists()
 
 
-def test_same_seed_same_order_other_seed_other_order_whatever_the_bucket_size(tmp_path, corpus_rows):
+def test_same_seed_same_order_other_seed_other_order(tmp_path, corpus_rows):
     config, paths = make_run(tmp_path, corpus_rows, seed=1)
     merge.run(config, quiet=True)
     first = [r["id"] for r in iter_split(paths, "train")]
-    # One-byte buckets force one bucket per key range: the order must not change.
-    merge.run(config.model_copy(update={"merge": config.merge.model_copy(update={"bucket_mb": 1})}), quiet=True)
+    merge.run(config, quiet=True)
     assert [r["id"] for r in iter_split(paths, "train")] == first
     merge.run(config.model_copy(update={"merge": config.merge.model_copy(update={"seed": 2})}), quiet=True)
     assert [r["id"] for r in iter_split(paths, "train")] != first
@@ -121,3 +123,17 @@ def test_row_groups_are_small_so_ranges_read_little(tmp_path, corpus_rows):
     config, paths = make_run(tmp_path, corpus_rows)
     merge.run(config, quiet=True)
     assert pq.ParquetFile(split_files(paths, "train")[0]).metadata.row_group(0).num_rows <= 1024
+
+
+def test_buckets_yield_the_global_key_order_whatever_their_count(tmp_path):
+    keys = np.random.default_rng(0).integers(0, 2**63, 500, dtype=np.uint64) * np.uint64(2)
+    table = pa.table({"n": pa.array(np.arange(500))})
+    orders = []
+    for count in (1, 4, 16):
+        buckets = Buckets(tmp_path / str(count), "train", count, table.schema, flush_bytes=64)
+        for start in range(0, 500, 37):
+            buckets.add(table.slice(start, 37), keys[start : start + 37])
+        buckets.close()
+        assert len(list((tmp_path / str(count)).iterdir())) == count
+        orders.append([n for t in buckets.sorted_tables() for n in t.column("n").to_pylist()])
+    assert orders[0] == orders[1] == orders[2] == np.argsort(keys, kind="stable").tolist()

@@ -26,7 +26,7 @@ def run(config: RunConfig, quiet: bool = False) -> dict:
     from eyas.merge.build import merge
     from eyas.merge.stats import histogram_table, summary_table
 
-    stats = merge(config, config.merge.bucket_mb << 20)
+    stats = merge(config, quiet)
     if not quiet:
         console.print(summary_table(stats))
         console.print(histogram_table(stats["train"]["length_histogram"], "train lengths"))

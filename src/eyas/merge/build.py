@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from eyas.config import ConfigError, DatasetConfig, RunConfig
+from eyas.console import progress
 from eyas.merge import plan
 from eyas.merge.shuffle import Buckets, SplitWriter
 from eyas.merge.stats import DROP_REASONS, SplitStats
@@ -74,7 +76,7 @@ def input_path(paths: RunPaths, dataset: DatasetConfig) -> Path:
     return path
 
 
-def scan(dataset: DatasetConfig, path: Path, max_seq_len: int | None) -> Scan:
+def scan(dataset: DatasetConfig, path: Path, max_seq_len: int | None, advance=lambda n: None) -> Scan:
     result = Scan(dataset, path)
     for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_BATCH_ROWS, columns=["id", "loss_mask", "input_ids"]):
         ids, masks, tokens = batch.column(0), batch.column(1), batch.column(2)
@@ -87,6 +89,7 @@ def scan(dataset: DatasetConfig, path: Path, max_seq_len: int | None) -> Scan:
         result.lengths.append(kept)
         result.trainable.append(trainable)
         result.too_long.append(too_long)
+        advance(batch.num_rows)
     return result
 
 
@@ -139,14 +142,41 @@ def _output_rows(batch: pa.RecordBatch, first_row: int, p: Placement, max_seq_le
     return table, p.keys[lo:hi], p.is_eval[lo:hi]
 
 
-def merge(config: RunConfig, bucket_bytes: int) -> dict:
+def merge(config: RunConfig, quiet: bool = False) -> dict:
     """Merge every non-dropped dataset into ``merge/``; returns the stats also written to stats.json."""
     paths = RunPaths.of(config)
     m = config.merge
     datasets = [d for d in config.datasets if not d.drop]
     if not datasets:
         raise ConfigError("datasets: nothing to merge (no datasets, or all have drop: true)")
-    scans = [scan(d, input_path(paths, d), m.max_seq_len) for d in datasets]
+    inputs = [input_path(paths, d) for d in datasets]
+    rows = sum(pq.ParquetFile(p).metadata.num_rows for p in inputs)
+    with progress(quiet, unit="rows") as bar:
+        phase = _Phase(bar)
+        phase.start("merge: scan", rows)
+        scans = [scan(d, path, m.max_seq_len, phase.advance) for d, path in zip(datasets, inputs)]
+        return _shuffle_and_write(config, paths, scans, phase, rows)
+
+
+class _Phase:
+    """One progress bar reused by the merge's three passes, with the rate of the current one."""
+
+    def __init__(self, bar):
+        self.bar, self.task = bar, None
+
+    def start(self, name: str, total: int) -> None:
+        if self.task is None:
+            self.task = self.bar.add_task(name, total=total, rate=0.0)
+        self.bar.update(self.task, description=name, completed=0, total=total, rate=0.0)
+        self.started, self.done = time.monotonic(), 0
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        self.bar.update(self.task, completed=self.done, rate=self.done / max(time.monotonic() - self.started, 1e-9))
+
+
+def _shuffle_and_write(config: RunConfig, paths: RunPaths, scans: list[Scan], phase: _Phase, rows: int) -> dict:
+    m = config.merge
 
     prompts = {plan.base_prompt_id(i) for s in scans for i in s.ids}
     k = plan.eval_count(len(prompts), m.eval_fraction, m.eval_count)
@@ -174,22 +204,27 @@ def merge(config: RunConfig, bucket_bytes: int) -> dict:
         stats["datasets"][s.dataset.name] = {"source": str(s.path), "weight": s.dataset.weight, **{k: v.to_json() for k, v in entry.items()}, "dropped": dropped}
 
     total_tokens = sum(int(s.arrays()[0][p.rows].sum()) for s, p in zip(scans, placements))
+    bucket_bytes = m.bucket_mb << 20
     count = plan.bucket_count(total_tokens * BYTES_PER_TOKEN, bucket_bytes)
     flush = max(1 << 20, bucket_bytes // (4 * count))
     buckets = {split: Buckets(tmp / "buckets", split, count, schema, flush) for split in ("train", "eval")}
+    phase.start("merge: shuffle", rows)
     for s, p in zip(scans, placements):
         first = 0
         for batch in pq.ParquetFile(s.path).iter_batches(batch_size=READ_BATCH_ROWS, columns=list(TOKENIZED_COLUMNS)):
             table, keys, is_eval = _output_rows(batch.cast(schema), first, p, m.max_seq_len)
             first += batch.num_rows
+            phase.advance(batch.num_rows)
             for split, mask in (("train", ~is_eval), ("eval", is_eval)):
                 if mask.any():
                     buckets[split].add(table.filter(pa.array(mask)), keys[mask])
+    phase.start("merge: write", sum(len(p.ids) for p in placements))
     for split, b in buckets.items():
         b.close()
         writer = SplitWriter(tmp, split, m.shard_samples, schema)
         for table in b.sorted_tables():
             writer.write(table)
+            phase.advance(table.num_rows)
         writer.close()
     shutil.rmtree(tmp / "buckets")
 
