@@ -15,6 +15,7 @@ from typing import Any
 
 from eyas.config import ConfigError
 from eyas.records import GenerationRecord
+from eyas.tokenize.encoders import PlanError
 
 
 class Markup(str):
@@ -22,10 +23,6 @@ class Markup(str):
 
 
 Piece = str | int
-
-
-from eyas.tokenize.encoders import PlanError
-
 
 ENDS_TURN = ("stop", "tool_calls")
 """Finish reasons after which the model emitted its end-of-turn token (not `length`)."""
