@@ -152,3 +152,13 @@ def test_qwen3_thinking_off_prompt_closes_the_think_block(target_config):
     )
     text, _ = completion_text(encoder, FORMATS["qwen3"](encoder), record("It is 4."))
     assert text == "It is 4.<|im_end|>"
+
+
+def test_a_format_whose_end_of_turn_is_not_the_targets_stop_token_is_refused(target_config):
+    """SmolLM2 (plus Llama-3 specials) still stops on `<|im_end|>`: llama3's `<|eot_id|>` is the wrong format."""
+    from eyas.tokenize.load import check_end_of_turn
+
+    encoder = family_encoder(target_config, "llama3")
+    with pytest.raises(ConfigError, match=r"ends a turn with <\|eot_id\|> .* stops on <\|im_end\|> \(id 2\)"):
+        check_end_of_turn(FORMATS["llama3"](encoder))
+    assert check_end_of_turn(FORMATS["chatml"](encoder)).name == "chatml"

@@ -31,8 +31,21 @@ def load_format(config: RunConfig) -> Format:
     if name == "auto":
         from eyas.tokenize.auto import AutoFormat
 
-        return AutoFormat(encoder)
-    return FORMATS[name](encoder)
+        return check_end_of_turn(AutoFormat(encoder))
+    return check_end_of_turn(FORMATS[name](encoder))
+
+
+def check_end_of_turn(fmt: Format) -> Format:
+    """The format must end turns with the token generation stops on, or it is the wrong format."""
+    from eyas.target import end_of_turn_id
+
+    stop = end_of_turn_id(fmt.encoder.tokenizer)
+    if fmt.end_of_turn_id != stop:
+        raise ConfigError(
+            f"tokenize.format {fmt.name}: the format ends a turn with {fmt.end_of_turn} (id {fmt.end_of_turn_id}) "
+            f"but the target stops on {fmt.encoder.token_str(stop)} (id {stop}); pick the target's format"
+        )
+    return fmt
 
 
 def _kimi_encoding(config: RunConfig):
