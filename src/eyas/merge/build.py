@@ -64,6 +64,9 @@ class Placement:
     keys: np.ndarray
     is_eval: np.ndarray
 
+    def subset(self, keep: np.ndarray) -> Placement:
+        return Placement(self.rows[keep], self.copies[keep], [i for i, k in zip(self.ids, keep) if k], self.keys[keep], self.is_eval[keep])
+
 
 def input_path(paths: RunPaths, dataset: DatasetConfig) -> Path:
     path = paths.tokenized(dataset.name)
@@ -116,10 +119,10 @@ def place(s: Scan, held_out: set[str], config: RunConfig, dropped: dict[str, int
     placement = Placement(np.array(rows, np.int64), np.array(ks, np.int64), ids, np.array(keys, np.uint64), np.array(is_eval, bool))
     cutoff = plan.budget_cutoff(placement.keys[~placement.is_eval], lengths[placement.rows[~placement.is_eval]], s.dataset.max_tokens)
     if cutoff is not None:
-        keep = placement.is_eval | (placement.keys.astype(object) <= cutoff)
-        keep = keep.astype(bool)
+        within = np.array([int(k) <= cutoff for k in placement.keys], bool)
+        keep = placement.is_eval | within
         dropped["max_tokens"] += int((~keep).sum())
-        placement = Placement(placement.rows[keep], placement.copies[keep], [i for i, k in zip(ids, keep) if k], placement.keys[keep], placement.is_eval[keep])
+        placement = placement.subset(keep)
     return placement
 
 
@@ -191,17 +194,19 @@ def _shuffle_and_write(config: RunConfig, paths: RunPaths, scans: list[Scan], ph
     stats: dict = {"schema_version": SCHEMA_VERSION, "seed": m.seed, "max_seq_len": m.max_seq_len, "overflow": m.overflow,
                    "eval_prompts": len(held_out), "datasets": {}}
     placements = []
+    totals = {"train": SplitStats(), "eval": SplitStats()}
     for s in scans:
         dropped = dict.fromkeys(DROP_REASONS, 0)
         p = place(s, held_out, config, dropped)
         placements.append(p)
         lengths, trainable, too_long = s.arrays()
-        entry = {}
+        entry = {"source": str(s.path), "weight": s.dataset.weight}
         for split, mask in (("train", ~p.is_eval), ("eval", p.is_eval)):
-            part = SplitStats()
-            part.add(lengths[p.rows[mask]], trainable[p.rows[mask]], too_long[p.rows[mask]])
-            entry[split] = part
-        stats["datasets"][s.dataset.name] = {"source": str(s.path), "weight": s.dataset.weight, **{k: v.to_json() for k, v in entry.items()}, "dropped": dropped}
+            part, rows_in_split = SplitStats(), p.rows[mask]
+            for target in (part, totals[split]):
+                target.add(lengths[rows_in_split], trainable[rows_in_split], too_long[rows_in_split])
+            entry[split] = part.to_json()
+        stats["datasets"][s.dataset.name] = {**entry, "dropped": dropped}
 
     total_tokens = sum(int(s.arrays()[0][p.rows].sum()) for s, p in zip(scans, placements))
     bucket_bytes = m.bucket_mb << 20
@@ -228,29 +233,11 @@ def _shuffle_and_write(config: RunConfig, paths: RunPaths, scans: list[Scan], ph
         writer.close()
     shutil.rmtree(tmp / "buckets")
 
-    for split in ("train", "eval"):
-        total = SplitStats()
-        for entry in stats["datasets"].values():
-            e = entry[split]
-            total.samples += e["samples"]
-            total.tokens += e["tokens"]
-            total.trainable_tokens += e["trainable_tokens"]
-            total.truncated += e["truncated"]
-        stats[split] = {**total.to_json(), "length_histogram": _sum_histograms(e[split]["length_histogram"] for e in stats["datasets"].values())}
+    stats.update({split: total.to_json() for split, total in totals.items()})
     stats["dropped"] = {r: sum(e["dropped"][r] for e in stats["datasets"].values()) for r in DROP_REASONS}
     (tmp / "stats.json").write_text(json.dumps(stats, indent=2))
     _replace(tmp, paths.merge_dir)
     return stats
-
-
-def _sum_histograms(histograms) -> list[dict]:
-    merged: dict[int, dict] = {}
-    for histogram in histograms:
-        for row in histogram:
-            slot = merged.setdefault(row["lo"], {**row, "samples": 0, "tokens": 0})
-            slot["samples"] += row["samples"]
-            slot["tokens"] += row["tokens"]
-    return [merged[lo] for lo in sorted(merged)]
 
 
 def _replace(new: Path, old: Path) -> None:
