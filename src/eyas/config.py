@@ -274,7 +274,7 @@ class TrainConfig(Section):
     seed: int = 0
     """Initialisation and data-order seed."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
-    """Data-parallel strategy under torchrun."""
+    """Under torchrun: `ddp` replicates the drafter on every rank; `fsdp` shards its weights, gradients and optimizer state (FSDP2)."""
 
 
 class EvalConfig(Section):

@@ -1,4 +1,4 @@
-"""Two gloo ranks under torchrun follow the single-process loss curve on the same global batch."""
+"""Two gloo ranks under torchrun (DDP and FSDP) follow the single-process loss curve on the same global batch."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ def free_port() -> int:
 
 
 @pytest.mark.slow
-def test_two_ranks_match_one_process(merged_run, tmp_path):
-    settings = {"max_steps": 4, "epochs": 10.0, "batch_size": 4}
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_ranks_match_one_process(merged_run, tmp_path, parallel):
+    settings = {"max_steps": 4, "epochs": 10.0, "batch_size": 4, "parallel": parallel}
     two = copy_run(merged_run, tmp_path / "ddp")
     eyas.train.run(load_tiny(merged_run, **settings), quiet=True)
     command = [

@@ -5,6 +5,10 @@
 else. The data position is the step number itself (see :mod:`eyas.train.data`). A checkpoint
 is written under a ``.tmp`` name and renamed when complete, so a directory named ``step-*``
 is always whole; the two newest are kept.
+
+States are gathered to full tensors with ``torch.distributed.checkpoint.state_dict``, which
+is a plain copy for one process or DDP and an all-gather under FSDP: every rank calls
+:func:`save`, rank 0 writes.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from eyas.train.layout import WEIGHTS_FILE
+from eyas.train.drafter import saved_only
+from eyas.train.layout import WEIGHTS_FILE, save_sglang
 
 STATE_FILE = "state.pt"
 KEEP = 2
@@ -47,15 +53,32 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save(train_dir: Path, step: int, drafter, optimizer, scheduler) -> Path:
+def full_state(drafter, optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """Saved weights and the optimizer state as full CPU tensors (collective under FSDP)."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights, optim = get_state_dict(drafter, optimizer, options=options)
+    return saved_only(weights), optim
+
+
+def write_drafter(weights: dict[str, torch.Tensor], spec, out: Path) -> Path:
+    """The drafter alone (SGLang layout), written aside and renamed."""
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_sglang(weights, spec, tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: bool) -> Path:
     final = checkpoints_dir(train_dir) / f"step-{step:08d}"
+    weights, optim = full_state(drafter, optimizer)
+    if not is_main:
+        return final
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    drafter.save(tmp)
-    torch.save(
-        {"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": rng_state()},
-        tmp / STATE_FILE,
-    )
+    save_sglang(weights, drafter.spec, tmp)
+    torch.save({"step": step, "optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rng_state()}, tmp / STATE_FILE)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in sorted(checkpoints_dir(train_dir).glob("step-*"))[:-KEEP]:
@@ -65,10 +88,14 @@ def save(train_dir: Path, step: int, drafter, optimizer, scheduler) -> Path:
 
 
 def restore(path: Path, drafter, optimizer, scheduler) -> int:
-    """Load a checkpoint into live objects; returns the number of steps already done."""
-    drafter.load_weights(load_file(str(path / WEIGHTS_FILE)), str(path))
+    """Load a checkpoint into live objects (every rank reads it); returns the steps already done."""
+    weights = load_file(str(path / WEIGHTS_FILE))
+    drafter.check_weights(weights, str(path))
     state = torch.load(path / STATE_FILE, weights_only=False)
-    optimizer.load_state_dict(state["optimizer"])
+    set_state_dict(
+        drafter, optimizer, model_state_dict=weights, optim_state_dict=state["optimizer"],
+        options=StateDictOptions(full_state_dict=True, strict=False),
+    )
     scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return int(state["step"])

@@ -161,13 +161,13 @@ class Eagle3Drafter(nn.Module):
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """Everything that is saved: all weights and buffers except the target's embedding."""
-        return {k: v for k, v in self.state_dict().items() if not k.startswith(("embed_tokens.", "rotary."))}
+        return saved_only(self.state_dict())
 
     def save(self, directory: str | Path) -> None:
         """Write ``config.json`` and ``model.safetensors`` in the SGLang/vLLM layout."""
         from eyas.train.layout import save_sglang
 
-        save_sglang(self, Path(directory))
+        save_sglang(self.trainable_state_dict(), self.spec, Path(directory))
 
     @classmethod
     def load(cls, directory: str | Path, target_model) -> Eagle3Drafter:
@@ -180,7 +180,8 @@ class Eagle3Drafter(nn.Module):
         drafter.load_weights(weights, str(directory))
         return drafter.to(target_model.get_input_embeddings().weight.device)
 
-    def load_weights(self, weights: dict[str, torch.Tensor], source: str) -> None:
+    def check_weights(self, weights: dict[str, torch.Tensor], source: str) -> None:
+        """Refuse a weight set whose names differ from this drafter's (shapes are checked on load)."""
         expected = set(self.trainable_state_dict())
         missing, unexpected = expected - set(weights), set(weights) - expected
         if missing or unexpected:
@@ -188,4 +189,12 @@ class Eagle3Drafter(nn.Module):
                 f"{source}: drafter weights do not match the config"
                 f" (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
             )
+
+    def load_weights(self, weights: dict[str, torch.Tensor], source: str) -> None:
+        self.check_weights(weights, source)
         self.load_state_dict(weights, strict=False)
+
+
+def saved_only(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A drafter state dict without the target's embedding (never saved) and RoPE tables."""
+    return {k: v for k, v in state.items() if not k.startswith(("embed_tokens.", "rotary."))}

@@ -8,7 +8,8 @@ all-reduce at the end combines them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -62,9 +63,17 @@ def evaluate(drafter, source, head: TargetHead, steps: int, batch_size: int, wor
     # Length-sorted batches waste the least compute on padding; the sums do not depend on order.
     lengths = source.lengths()
     mine = sorted(range(world.rank, len(source), world.size), key=lambda i: lengths[i])
+    batches = [mine[i : i + batch_size] for i in range(0, len(mine), batch_size)]
+    # Every rank runs the same number of forwards (FSDP gathers weights collectively in each):
+    # a rank with fewer batches scores a repeat of sample 0 with its loss mask cleared.
+    for _ in range(len(batches), math.ceil(math.ceil(len(source) / world.size) / batch_size)):
+        batches.append(None)
     sums = torch.zeros(4, steps, dtype=torch.float64, device=world.device)
-    for start in range(0, len(mine), batch_size):
+    for indices in batches:
+        batch = source.batch(indices or [0])
+        if indices is None:
+            batch = replace(batch, loss_mask=torch.zeros_like(batch.loss_mask))
         with autocast():
-            sums += totals(batch_stats(drafter, drafter, source.batch(mine[start : start + batch_size]), head, steps))
+            sums += totals(batch_stats(drafter, drafter, batch, head, steps))
     drafter.train(was_training)
     return {**summarize(world.sum(sums)), "samples": len(source)}

@@ -105,10 +105,10 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def save_sglang(drafter, directory: Path) -> None:
+def save_sglang(weights: dict[str, torch.Tensor], spec: DrafterSpec, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(_contiguous(drafter.trainable_state_dict()), str(directory / WEIGHTS_FILE))
-    write_json(directory / CONFIG_FILE, sglang_config(drafter.spec))
+    save_file(_contiguous(weights), str(directory / WEIGHTS_FILE))
+    write_json(directory / CONFIG_FILE, sglang_config(spec))
 
 
 def save_speculators(drafter, directory: Path, verifier: str, verifier_architectures: list[str], steps: int) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,14 +112,18 @@ def autocast_for(device: torch.device):
     return contextlib.nullcontext
 
 
-def save_final(paths: RunPaths, drafter: Eagle3Drafter) -> Path:
-    out = final_dir(paths)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    drafter.save(tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    return out
+def parallelize(drafter: Eagle3Drafter, parallel: str, world: World):
+    """The module training calls: the drafter itself, its DDP wrapper, or the drafter sharded
+    in place by FSDP2 (parameters become DTensors, so this runs before the optimizer exists)."""
+    if not world.distributed:
+        return drafter
+    if parallel == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(drafter)
+        return drafter
+    device_ids = [world.device.index] if world.device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(drafter, device_ids=device_ids, broadcast_buffers=False)
 
 
 def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int | None = None) -> dict:
@@ -139,6 +142,7 @@ def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int 
     drafter = Eagle3Drafter(spec, parts.embedding).to(world.device)
     drafter.set_vocab(d2t, t2d)
     drafter.train()
+    forward = parallelize(drafter, cfg.parallel, world)
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     schedule = Schedule(source.lengths(), cfg.batch_size, cfg.seed)
@@ -154,10 +158,6 @@ def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int 
     metrics = MetricsLog(metrics_path(paths), world.is_main)
     metrics.truncate_after(step)
 
-    forward = drafter
-    if world.distributed:
-        device_ids = [world.device.index] if world.device.type == "cuda" else None
-        forward = torch.nn.parallel.DistributedDataParallel(drafter, device_ids=device_ids, broadcast_buffers=False)
     head = TargetHead(parts.lm_head, torch.arange(d2t.shape[0], device=world.device) + d2t.to(world.device), t2d.to(world.device))
     autocast = autocast_for(world.device)
     weights = torch.tensor([cfg.step_weight**k for k in range(cfg.ttt_steps)], dtype=torch.float64)
@@ -173,8 +173,7 @@ def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int 
         log.info("eval step %d: acc per step %s, simulated acceptance length %.3f", at, accs, last_eval["acceptance_length"])
 
     def save_checkpoint(at: int) -> None:
-        if world.is_main:
-            checkpoint.save(paths.train_dir, at, drafter, optimizer, scheduler)
+        checkpoint.save(paths.train_dir, at, drafter, optimizer, scheduler, world.is_main)
         world.barrier()
 
     stop_at = total if stop_after is None else min(total, step + stop_after)
@@ -192,6 +191,7 @@ def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int 
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
             optimizer.step()
             scheduler.step()
             step += 1
@@ -222,7 +222,8 @@ def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int 
         log.info("stopped at step %d of %d; rerun the same command to continue", step, total)
         return {"step": step, "total_steps": total, "final": None, "eval": None}
     run_eval(step)
-    out = save_final(paths, drafter) if world.is_main else final_dir(paths)
+    weights, _ = checkpoint.full_state(drafter, optimizer)
+    out = checkpoint.write_drafter(weights, spec, final_dir(paths)) if world.is_main else final_dir(paths)
     world.barrier()
     log.info("drafter written to %s", out)
     return {"step": step, "total_steps": total, "final": str(out), "eval": last_eval}
