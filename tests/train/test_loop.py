@@ -64,6 +64,16 @@ def test_resumed_run_in_fresh_process_continues_bit_for_bit(merged_run, tmp_path
     assert all(torch.equal(w1[k], w2[k]) for k in w1)
 
 
+@pytest.mark.slow
+def test_resume_refuses_changed_settings_but_allows_more_steps(merged_run):
+    eyas.train.run(load_tiny(merged_run, max_steps=1), quiet=True)
+    with pytest.raises(ConfigError, match=r"step-00000001: made with other settings \(train.lr\)"):
+        eyas.train.run(load_tiny(merged_run, max_steps=2, lr=1e-4), quiet=True)
+    result = eyas.train.run(load_tiny(merged_run, max_steps=2), quiet=True)
+    assert result["step"] == 2
+    assert [r["step"] for r in read_metrics(merged_run / "train" / "metrics.jsonl")] == [1, 2]
+
+
 def test_missing_corpus_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="merge"):
         eyas.train.run(load_tiny(tmp_path / "empty"), quiet=True)

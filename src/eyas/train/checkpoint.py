@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
+from eyas.config import ConfigError
 from eyas.train.drafter import saved_only
 from eyas.train.layout import WEIGHTS_FILE, save_sglang
 
@@ -70,7 +71,7 @@ def write_drafter(weights: dict[str, torch.Tensor], spec, out: Path) -> Path:
     return out
 
 
-def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: bool) -> Path:
+def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: bool, fingerprint: dict) -> Path:
     final = checkpoints_dir(train_dir) / f"step-{step:08d}"
     weights, optim = full_state(drafter, optimizer)
     if not is_main:
@@ -78,7 +79,8 @@ def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: boo
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_sglang(weights, drafter.spec, tmp)
-    torch.save({"step": step, "optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rng_state()}, tmp / STATE_FILE)
+    state = {"step": step, "optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rng_state(), "fingerprint": fingerprint}
+    torch.save(state, tmp / STATE_FILE)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in sorted(checkpoints_dir(train_dir).glob("step-*"))[:-KEEP]:
@@ -87,11 +89,21 @@ def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: boo
     return final
 
 
-def restore(path: Path, drafter, optimizer, scheduler) -> int:
-    """Load a checkpoint into live objects (every rank reads it); returns the steps already done."""
+def restore(path: Path, drafter, optimizer, scheduler, fingerprint: dict) -> int:
+    """Load a checkpoint into live objects (every rank reads it); returns the steps already done.
+
+    Refuses a checkpoint made with other settings (``fingerprint``): continuing it would be
+    neither the old run nor the new one."""
+    state = torch.load(path / STATE_FILE, weights_only=False)
+    saved = state.get("fingerprint", {})
+    changed = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
+    if changed:
+        raise ConfigError(
+            f"{path}: made with other settings ({', '.join(changed)}); restore them, "
+            f"or delete {path.parent.parent} to train anew"
+        )
     weights = load_file(str(path / WEIGHTS_FILE))
     drafter.check_weights(weights, str(path))
-    state = torch.load(path / STATE_FILE, weights_only=False)
     set_state_dict(
         drafter, optimizer, model_state_dict=weights, optim_state_dict=state["optimizer"],
         options=StateDictOptions(full_state_dict=True, strict=False),

@@ -50,6 +50,16 @@ class WarmupCosine:
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress_)))
 
 
+RESUMABLE_CHANGES = {"epochs", "max_steps", "checkpoint_every", "eval_every", "eval_with_target"}
+"""``train.*`` keys a run may change between resumes (to extend it or change its reporting)."""
+
+
+def fingerprint(config: RunConfig, aux_layers: list[int]) -> dict:
+    """What a checkpoint must have been trained with to be continued under ``config``."""
+    keys = {f"train.{k}": v for k, v in config.train.model_dump(mode="json").items() if k not in RESUMABLE_CHANGES}
+    return {**keys, "target.model": config.target.model, "aux_layers": list(aux_layers)}
+
+
 def vocab_path(paths: RunPaths) -> Path:
     return paths.train_dir / "vocab.safetensors"
 
@@ -153,7 +163,7 @@ def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int 
     step = 0
     resume_from = checkpoint.latest(paths.train_dir)
     if resume_from is not None:
-        step = checkpoint.restore(resume_from, drafter, optimizer, scheduler)
+        step = checkpoint.restore(resume_from, drafter, optimizer, scheduler, fingerprint(config, aux_layers))
         log.info("resuming from %s (step %d of %d)", resume_from, step, total)
     metrics = MetricsLog(metrics_path(paths), world.is_main)
     metrics.truncate_after(step)
@@ -173,7 +183,7 @@ def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int 
         log.info("eval step %d: acc per step %s, simulated acceptance length %.3f", at, accs, last_eval["acceptance_length"])
 
     def save_checkpoint(at: int) -> None:
-        checkpoint.save(paths.train_dir, at, drafter, optimizer, scheduler, world.is_main)
+        checkpoint.save(paths.train_dir, at, drafter, optimizer, scheduler, world.is_main, fingerprint(config, aux_layers))
         world.barrier()
 
     stop_at = total if stop_after is None else min(total, step + stop_after)
