@@ -5,6 +5,7 @@ import torch
 
 from eyas import extract
 from eyas.config import ConfigError
+from eyas.estimate import gather
 from eyas.extract.capture import default_aux_layers, num_decoder_layers
 from eyas.extract.forward import forward
 from eyas.extract.reader import HiddenStates
@@ -44,6 +45,8 @@ def test_offline_extraction_stores_the_documented_layers_for_every_train_sample(
         torch.testing.assert_close(sample.final, ref[-1][0].bfloat16(), atol=0.05, rtol=0.02)
     assert index["num_tokens"] == sum(len(r["input_ids"]) for r in train)
     assert index["bytes"] == sum((paths.hidden_dir / s["file"]).stat().st_size for s in index["shards"])
+    # The measured throughput is what `eyas estimate` then uses.
+    assert gather(merged_run).throughput == index["tokens_per_s"] > 0
 
 
 def test_fp8_halves_storage_and_dequantizes_close(merged_run, tmp_path):
@@ -105,3 +108,16 @@ def test_reader_errors_are_clear(tmp_path):
     (tmp_path / "index.json").write_text(json.dumps({"format": "other"}))
     with pytest.raises(ConfigError, match="format 'other'"):
         HiddenStates(tmp_path)
+
+
+def test_non_finite_states_stop_the_run_naming_the_sample(merged_run, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tiny = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, vocab_size=49152))
+    with torch.no_grad():
+        tiny.model.layers[3].mlp.down_proj.weight[0, 0] = float("nan")
+    tiny.save_pretrained(tmp_path / "broken")
+    config = merged_run.model_copy(update={"target": merged_run.target.model_copy(update={"model": str(tmp_path / "broken")})})
+    with pytest.raises(ConfigError, match=r"sample chat/p\d+ \(train row 0\) has NaN/Inf hidden states"):
+        extract.run(config, quiet=True)
+    assert not list(RunPaths.of(config).hidden_dir.glob("shard-*"))

@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -137,3 +139,12 @@ def test_buckets_yield_the_global_key_order_whatever_their_count(tmp_path):
         assert len(list((tmp_path / str(count)).iterdir())) == count
         orders.append([n for t in buckets.sorted_tables() for n in t.column("n").to_pylist()])
     assert orders[0] == orders[1] == orders[2] == np.argsort(keys, kind="stable").tolist()
+
+
+def test_cli_reports_bad_input_as_an_error_line(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("run_dir: run\ndatasets:\n  - {name: chat, source: x.jsonl}\n")
+    result = subprocess.run([sys.executable, "-m", "eyas", "merge", str(config)], capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    message = result.stderr.replace("\n", "")  # rich wraps long lines
+    assert message.startswith("error:") and "tokenize/chat.parquet: no tokenized data" in message
