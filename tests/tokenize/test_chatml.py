@@ -227,11 +227,14 @@ def test_a_seam_where_joint_encoding_differs_is_flagged(tokenizer):
 
 
 def test_a_turn_ended_by_a_stop_string_has_no_end_of_turn(generated, tokenizer):
-    """With `generate.stop`, a `stop` answer carries no end-of-turn id; billing says so."""
+    """With `generate.stop` set, a `stop` answer may carry no end-of-turn id; billing says which.
+    Without stop strings that reading is never tried (it would only hide a non-canonical merge)."""
     _, config = generated
     rec = next(r for r in records_of(config) if r.finish_reason == "stop")
     cut = replace(rec, token_ids=rec.token_ids[:-1], usage=Usage(completion_tokens=len(rec.token_ids) - 1))
     encoder = HFEncoder(tokenizer)
-    (sample,), _ = Rebuilder(FORMATS["chatml"](encoder)).rebuild([cut])
+    (sample,), _ = Rebuilder(FORMATS["chatml"](encoder), stop_strings=True).rebuild([cut])
     assert sample.completion_ids == cut.token_ids
     assert sample.flags == ["stop-string"] and compare(sample, encoder) is None
+    (without,), _ = Rebuilder(FORMATS["chatml"](encoder)).rebuild([cut])
+    assert "billing-mismatch" in without.flags and without.completion_ids[-1] == 2

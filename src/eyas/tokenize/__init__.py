@@ -73,7 +73,7 @@ def _tokenize_dataset(config: RunConfig, fmt: Format, source: Path, out_path: Pa
 
     name = out_path.stem
     report = DatasetReport(name, fmt.name)
-    rebuilder = Rebuilder(fmt)
+    rebuilder = Rebuilder(fmt, stop_strings=bool(config.generate.stop))
     policy = config.tokenize.on_mismatch
     total = sum(1 for _ in read_jsonl(source))
     out = ParquetOut(out_path)
@@ -132,6 +132,7 @@ def _fingerprint(config: RunConfig, source: Path, verify_ids: bool) -> dict:
     return {
         "records": [st.st_size, st.st_mtime_ns],
         "tokenize": config.tokenize.model_dump(mode="json"),
+        "stop_strings": config.generate.stop,
         "target": config.target.model_dump(mode="json", include={"model", "revision", "tokenizer"}),
         "verify_ids": verify_ids,
     }

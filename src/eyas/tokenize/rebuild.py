@@ -6,7 +6,7 @@ see ``bench/tokenize_rebuild.py``), and the ids are joined with the specials in 
 
 A completion whose length disagrees with the billed completion tokens is tried in its other
 readings, fewest changes first, and the first that matches billing wins (named in ``flags``):
-a ``stop`` turn without its end-of-turn token (a configured stop string ended it); raw
+a ``stop`` turn without its end-of-turn token (when ``generate.stop`` strings were set); raw
 tool/think markers in the text read as text instead of special tokens; then whitespace
 restored at the reasoning and content edges, which some servers strip. Whitespace is only
 tried within ``MAX_WHITESPACE_DELTA`` tokens of billing and at most two edges at once: that
@@ -73,9 +73,11 @@ def normalize(pieces: Sequence[Piece]) -> list[Piece]:
 class Rebuilder:
     """Rebuilds chunks of records in one format; holds no state between chunks."""
 
-    def __init__(self, fmt: Format):
+    def __init__(self, fmt: Format, stop_strings: bool = False):
         self.fmt = fmt
         self.encoder = fmt.encoder
+        # Only when generation had stop strings (`generate.stop`) may a `stop` turn lack its end of turn.
+        self.stop_strings = stop_strings
 
     def rebuild(self, records: Sequence[GenerationRecord]) -> tuple[list[Sample], list[Dropped]]:
         planned, dropped = [], []
@@ -153,7 +155,7 @@ class Rebuilder:
                     owners.append(s)
                     seqs.append(seq)
                     tags.append(flags)
-                if s.record.finish_reason == "stop" and seq and seq[-1] == self.fmt.end_of_turn_id:
+                if self.stop_strings and s.record.finish_reason == "stop" and seq and seq[-1] == self.fmt.end_of_turn_id:
                     # A configured stop string ends a turn without the end-of-turn token.
                     owners.append(s)
                     seqs.append(seq[:-1])
