@@ -127,22 +127,25 @@ def _write_shards(config, paths, job: Job, todo: list[int], rank: int, world: in
     label = f"extract (rank {rank}/{world})" if world > 1 else "extract"
     with progress(quiet) as bar:
         task = bar.add_task(label, total=total, rate=0.0)
+
+        def advance(n: int) -> None:
+            nonlocal done_tokens
+            done_tokens += n
+            bar.update(task, completed=done_tokens, rate=done_tokens / max(time.monotonic() - started, 1e-9))
+
         for shard in todo:
             storage.remove_partial(paths.hidden_dir, shard)
-            t0 = time.monotonic()
-            sidecar = _extract_shard(config, paths, job, model, packed, shard, lambda n: bar.update(task, advance=n))
-            done_tokens += sidecar["tokens"]
+            sidecar = _extract_shard(config, paths, job, model, packed, shard, advance)
             written += sidecar["bytes"]
-            rate = done_tokens / max(time.monotonic() - started, 1e-9)
-            bar.update(task, rate=rate, description=f"{label} · {written / 1e9:.2f} GB")
-            log.info("shard %d: %d samples, %d tokens, %.1f MB in %.1f s", shard, sidecar["samples"], sidecar["tokens"], sidecar["bytes"] / 1e6, time.monotonic() - t0)
+            bar.update(task, description=f"{label} · {written / 1e9:.2f} GB written")
+            log.info("shard %d: %d samples, %d tokens, %.1f MB in %.1f s", shard, sidecar["samples"], sidecar["tokens"], sidecar["bytes"] / 1e6, sidecar["seconds"])
 
 
 def _extract_shard(config, paths, job: Job, model, packed: bool, shard: int, advance) -> dict:
+    t0 = time.monotonic()
     rows = read_rows(paths, "train", job.shards[shard].start, job.shards[shard].stop, ["id", "input_ids", "loss_mask"])
     lengths = [len(r["input_ids"]) for r in rows]
     buffer = storage.ShardBuffer([r["id"] for r in rows], lengths, job.hidden_size, len(job.aux_layers), config.extract.dtype)
-    t0 = time.monotonic()
     for batch in plan.plan_batches(lengths, config.extract.batch_tokens):
         outputs = forward(model, [rows[i]["input_ids"] for i in batch], job.aux_layers, packed)
         for i, (aux, final) in zip(batch, outputs):
@@ -157,9 +160,8 @@ def _extract_shard(config, paths, job: Job, model, packed: bool, shard: int, adv
         "sample_start": job.shards[shard].start,
         "fingerprint": job.fingerprint,
         "rank": _rank()[0],
-        "seconds": round(time.monotonic() - t0, 3),
     }
-    return storage.write_shard(paths.hidden_dir, shard, buffer, info)
+    return storage.write_shard(paths.hidden_dir, shard, buffer, info, t0)
 
 
 def _write_index(paths: RunPaths, job: Job) -> dict:

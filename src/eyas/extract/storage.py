@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -95,8 +96,11 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_shard(directory: Path, shard: int, buffer: ShardBuffer, info: dict) -> dict:
-    """Write the shard atomically, then its sidecar; returns the sidecar's content."""
+def write_shard(directory: Path, shard: int, buffer: ShardBuffer, info: dict, started: float) -> dict:
+    """Write the shard atomically, then its sidecar; returns the sidecar's content.
+
+    ``seconds`` in the sidecar runs from ``started`` (``time.monotonic()``) to the shard being
+    on disk, so the throughput it implies includes writing and checksumming."""
     final_path = shard_path(directory, shard)
     tmp = final_path.with_name(f"{final_path.name}.tmp-{os.getpid()}")
     # One metadata key: safetensors writes several in hash order, and a redone shard should be byte-identical.
@@ -111,6 +115,7 @@ def write_shard(directory: Path, shard: int, buffer: ShardBuffer, info: dict) ->
         "bytes": final_path.stat().st_size,
         "sha256": file_sha256(final_path),
         **info,
+        "seconds": round(time.monotonic() - started, 3),
     }
     write_json_atomic(sidecar_path(directory, shard), sidecar)
     return sidecar
