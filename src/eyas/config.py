@@ -269,6 +269,8 @@ class TrainConfig(Section):
     """Optimizer steps between checkpoints."""
     eval_every: int = Field(default=200, ge=1)
     """Optimizer steps between held-out evaluations (one more runs at the end)."""
+    cache_states: bool = False
+    """Online mode: keep each sample's hidden states in memory once computed, so later epochs skip the target (small corpora: 16·H bytes per token)."""
     eval_with_target: bool | None = None
     """Evaluate on the eval split, running the target here for its states; default on online, off offline (a target too big to co-locate)."""
     seed: int = 0

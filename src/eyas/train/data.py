@@ -64,10 +64,16 @@ def pad(samples: list[Sample], device: torch.device) -> tuple[torch.Tensor, torc
 
 
 class OnlineSource:
-    """Samples whose hidden states the target computes per batch, in this process."""
+    """Samples whose hidden states the target computes per batch, in this process.
 
-    def __init__(self, samples: list[Sample], model, aux_layers: list[int], device: torch.device) -> None:
+    With ``cache``, each sample's states are computed alone (no padding, so they are the
+    same whichever batch asks first, and a resumed run stays exact) and kept in memory:
+    epochs after the first skip the target entirely.
+    """
+
+    def __init__(self, samples: list[Sample], model, aux_layers: list[int], device: torch.device, cache: bool = False) -> None:
         self.samples, self.model, self.aux_layers, self.device = samples, model, aux_layers, device
+        self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {} if cache else None
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -77,11 +83,28 @@ class OnlineSource:
 
     def batch(self, indices: list[int]) -> Batch:
         ids, mask = pad([self.samples[i] for i in indices], self.device)
+        tokens = sum(len(self.samples[i].input_ids) for i in indices)
+        if self.cache is not None:
+            aux, final = self._cached(indices, ids.shape[1])
+            return Batch(ids, mask, aux, final, tokens)
         # Right padding needs no attention mask: causal attention keeps real positions
         # from ever seeing the padding after them, and padded positions carry no loss.
         states = capture(self.model, ids, aux_layers=self.aux_layers)
         # capture runs under inference_mode; a clone is an ordinary tensor autograd may save.
-        return Batch(ids, mask, states.aux.clone(), states.final.clone(), sum(len(self.samples[i].input_ids) for i in indices))
+        return Batch(ids, mask, states.aux.clone(), states.final.clone(), tokens)
+
+    def _cached(self, indices: list[int], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        for i in indices:
+            if i not in self.cache:
+                one = torch.from_numpy(self.samples[i].input_ids)[None].to(self.device)
+                states = capture(self.model, one, aux_layers=self.aux_layers)
+                self.cache[i] = (states.aux[0].clone(), states.final[0].clone())
+        aux = torch.zeros(len(indices), length, self.cache[indices[0]][0].shape[-1], dtype=self.cache[indices[0]][0].dtype, device=self.device)
+        final = torch.zeros(len(indices), length, self.cache[indices[0]][1].shape[-1], dtype=aux.dtype, device=self.device)
+        for row, i in enumerate(indices):
+            n = self.cache[i][0].shape[0]
+            aux[row, :n], final[row, :n] = self.cache[i]
+        return aux, final
 
 
 class OfflineSource:

@@ -111,7 +111,8 @@ def build_source(config: RunConfig, paths: RunPaths, model, world: World):
         aux_layers = source.aux_layers
     else:
         aux_layers = config.extract.aux_layers or default_aux_layers(num_decoder_layers(model))
-        source = OnlineSource(read_split(paths, "train", cfg.max_seq_len), model, aux_layers, world.device)
+        samples = read_split(paths, "train", cfg.max_seq_len)
+        source = OnlineSource(samples, model, aux_layers, world.device, cache=cfg.cache_states)
     check_sizes(len(source), cfg.batch_size, world.size, str(paths.merge_dir))
     return source, aux_layers
 
