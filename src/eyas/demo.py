@@ -7,8 +7,8 @@ eval — and ends with one table: corpus size, token-rebuild exact-match rate, t
 τ of the drafter beside prompt lookup and the broken-aux control, and where the export is.
 Every stage resumes, so rerunning continues where an interrupted demo stopped.
 
-Budget on 2 cores (measured stage by stage): synthesis ~3 min, generation ~2 min, training
-~6 min, eval ~3 min, the rest seconds. The corpus is far too small for a good drafter (its
+Budget on an idle 2-core machine (estimated from runs on a shared one): synthesis ~4 min,
+generation ~3 min, training ~5 min, eval ~2 min, the rest seconds. The corpus is far too small for a good drafter (its
 held-out τ is close to prompt lookup's); ``examples/smollm2-full.yaml`` is the real run.
 """
 
@@ -24,10 +24,10 @@ from eyas.config import load_config
 from eyas.console import console, setup_logging
 from eyas.paths import RunPaths
 
-DEMO_PROMPTS = 80
+DEMO_PROMPTS = 64
 MAX_TOKENS = 96
 EVAL_PROMPTS = 8
-TRAIN_STEPS = 60
+TRAIN_STEPS = 48
 DEMO_CONTROL = "eagle3_broken_aux_order"
 
 
@@ -47,8 +47,8 @@ def demo_config() -> dict:
             "batch_size": 8,
             "max_steps": TRAIN_STEPS,
             "epochs": 20.0,
-            "checkpoint_every": 20,
-            "eval_every": 30,
+            "checkpoint_every": 16,
+            "eval_every": 24,
             "max_seq_len": 512,
         },
         "eval": {"num_draft_tokens": 3, "max_new_tokens": 64, "max_prompts": EVAL_PROMPTS},
