@@ -13,24 +13,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eyas.records import TOKENIZED_COLUMNS
+from eyas.records import tokenized_arrow_schema
 from eyas.tokenize.rebuild import Sample
 
-SCHEMA = pa.schema(
-    [
-        ("id", pa.string()),
-        ("dataset", pa.string()),
-        ("input_ids", pa.list_(pa.int32())),
-        ("loss_mask", pa.list_(pa.uint8())),
-        ("num_tokens", pa.int32()),
-        ("completion_tokens", pa.int32()),
-        ("billed_completion_tokens", pa.int32()),
-        ("finish_reason", pa.string()),
-        ("format", pa.string()),
-        ("flags", pa.list_(pa.string())),
-    ]
-)
-assert tuple(SCHEMA.names) == TOKENIZED_COLUMNS
+SCHEMA = tokenized_arrow_schema()
 
 
 def table_of(samples: list[Sample], fmt: str) -> pa.Table:
