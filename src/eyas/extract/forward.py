@@ -31,12 +31,11 @@ def forward(model, samples: list[list[int]], aux_layers: list[int], packed: bool
         positions = torch.cat([torch.arange(n, device=device) for n in lengths])[None]
         got = capture(model, ids, None, aux_layers, positions)
         return list(zip(got.aux[0].split(lengths), got.final[0].split(lengths)))
-    longest = max(lengths)
-    ids = torch.zeros(len(samples), longest, dtype=torch.long)
-    mask = torch.zeros(len(samples), longest, dtype=torch.long)
+    ids = torch.zeros(len(samples), max(lengths), dtype=torch.long)
     for row, s in enumerate(samples):
         ids[row, : len(s)] = torch.tensor(s)
-        mask[row, : len(s)] = 1
-    # Right padding: causal attention keeps each sample's real tokens independent of its padding.
-    got = capture(model, ids.to(device), mask.to(device), aux_layers)
+    # Right padding needs no attention mask: under causal attention a real token never sees the
+    # padding after it, and the states at padded positions are discarded. Without a mask SDPA
+    # takes its causal kernel instead of materialising a padding mask (~20% faster on CPU).
+    got = capture(model, ids.to(device), None, aux_layers)
     return [(got.aux[row, :n], got.final[row, :n]) for row, n in enumerate(lengths)]
