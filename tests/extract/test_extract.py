@@ -82,7 +82,6 @@ def test_rerun_skips_finished_shards_and_redoes_a_missing_one(merged_run):
     first = extract.run(merged_run, quiet=True)
     files = [paths.hidden_dir / s["file"] for s in first["shards"]]
     before = {f: f.stat().st_mtime_ns for f in files}
-    from safetensors.torch import load_file
     files[1].unlink()
     second = extract.run(merged_run, quiet=True)
     assert files[1].exists() and second["shards"][1]["sha256"] == first["shards"][1]["sha256"]
