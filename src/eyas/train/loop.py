@@ -4,7 +4,7 @@ Each optimizer step reads one global batch (``train.batch_size`` samples split a
 ranks), unrolls the TTT steps, and divides every step's loss by its *global* count of
 scored positions, so N ranks compute the gradient one process would. AdamW with linear
 warmup then cosine decay to zero, gradient clipping, bf16 autocast on GPU and plain fp32
-on CPU (CPU autocast is slower than fp32 on the small matrices of a drafter).
+on CPU.
 """
 
 from __future__ import annotations
@@ -50,8 +50,10 @@ class WarmupCosine:
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress_)))
 
 
-RESUMABLE_CHANGES = {"epochs", "max_steps", "checkpoint_every", "eval_every", "eval_with_target"}
-"""``train.*`` keys a run may change between resumes (to extend it or change its reporting)."""
+RESUMABLE_CHANGES = {
+    "epochs", "max_steps", "checkpoint_every", "eval_every", "eval_with_target", "parallel", "cache_states",
+}
+"""``train.*`` keys a run may change between resumes: its length, its reporting, how it is parallelised or fed."""
 
 
 def fingerprint(config: RunConfig, aux_layers: list[int]) -> dict:
