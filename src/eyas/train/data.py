@@ -63,6 +63,14 @@ def pad(samples: list[Sample], device: torch.device) -> tuple[torch.Tensor, torc
     return ids.to(device), mask.to(device)
 
 
+def stack_padded(rows: list[torch.Tensor], length: int) -> torch.Tensor:
+    """[B, length, D] from per-sample [T_i, D] states, zeros after each sample's end."""
+    out = torch.zeros(len(rows), length, rows[0].shape[-1], dtype=rows[0].dtype, device=rows[0].device)
+    for i, row in enumerate(rows):
+        out[i, : row.shape[0]] = row
+    return out
+
+
 class OnlineSource:
     """Samples whose hidden states the target computes per batch, in this process.
 
@@ -99,12 +107,7 @@ class OnlineSource:
                 one = torch.from_numpy(self.samples[i].input_ids)[None].to(self.device)
                 states = capture(self.model, one, aux_layers=self.aux_layers)
                 self.cache[i] = (states.aux[0].clone(), states.final[0].clone())
-        aux = torch.zeros(len(indices), length, self.cache[indices[0]][0].shape[-1], dtype=self.cache[indices[0]][0].dtype, device=self.device)
-        final = torch.zeros(len(indices), length, self.cache[indices[0]][1].shape[-1], dtype=aux.dtype, device=self.device)
-        for row, i in enumerate(indices):
-            n = self.cache[i][0].shape[0]
-            aux[row, :n], final[row, :n] = self.cache[i]
-        return aux, final
+        return stack_padded([self.cache[i][0] for i in indices], length), stack_padded([self.cache[i][1] for i in indices], length)
 
 
 class OfflineSource:
@@ -139,12 +142,9 @@ class OfflineSource:
         n = self.max_seq_len
         samples = [Sample(np.asarray(s.input_ids[:n], dtype=np.int64), np.asarray(s.loss_mask[:n], dtype=bool)) for s in items]
         ids, mask = pad(samples, self.device)
-        aux = torch.zeros(len(items), ids.shape[1], items[0].aux.shape[-1], dtype=items[0].aux.dtype)
-        final = torch.zeros(len(items), ids.shape[1], items[0].final.shape[-1], dtype=items[0].final.dtype)
-        for i, s in enumerate(items):
-            aux[i, : len(samples[i].input_ids)] = s.aux[:n]
-            final[i, : len(samples[i].input_ids)] = s.final[:n]
-        return Batch(ids, mask, aux.to(self.device), final.to(self.device), sum(len(s.input_ids) for s in samples))
+        aux = stack_padded([s.aux[:n] for s in items], ids.shape[1]).to(self.device)
+        final = stack_padded([s.final[:n] for s in items], ids.shape[1]).to(self.device)
+        return Batch(ids, mask, aux, final, sum(len(s.input_ids) for s in samples))
 
 
 GROUP_BATCHES = 32
