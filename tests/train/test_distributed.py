@@ -1,4 +1,4 @@
-"""Two gloo ranks under torchrun (DDP and FSDP) follow the single-process loss curve on the same global batch."""
+"""Two gloo ranks under torchrun (DDP and FSDP), stopped and resumed, follow the single-process loss curve on the same global batch."""
 
 from __future__ import annotations
 
@@ -25,13 +25,16 @@ def test_two_ranks_match_one_process(merged_run, tmp_path, parallel):
     settings = {"max_steps": 4, "epochs": 10.0, "batch_size": 4, "parallel": parallel}
     two = copy_run(merged_run, tmp_path / "ddp")
     eyas.train.run(load_tiny(merged_run, **settings), quiet=True)
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        "-m", "eyas", "train", str(write_config(two, **settings)), "--quiet",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    config = write_config(two, **settings)
+    # Two launches: the second resumes the first's step-2 checkpoint on both ranks.
+    for extra in (["--stop-after", "2"], []):
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+            "-m", "eyas", "train", str(config), "--quiet", *extra,
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
     one_rows = read_metrics(merged_run / "train" / "metrics.jsonl")
     two_rows = read_metrics(two / "train" / "metrics.jsonl")
     assert [r["step"] for r in two_rows] == [1, 2, 3, 4]
