@@ -69,8 +69,8 @@ def estimate(inputs: Inputs) -> list[Line]:
             lines.append(_line(f"cap at {cap:,} tokens", total - cut, inputs, inputs.dtype))
     other = "fp8" if inputs.dtype == "bf16" else "bf16"
     lines.append(_line(f"{other} storage", total, inputs, other))
-    if other == "fp8":
-        cut = sum(tokens_over(h, 8192) for h in inputs.histograms.values())
+    cut = sum(tokens_over(h, 8192) for h in inputs.histograms.values())
+    if other == "fp8" and cut > 0:
         lines.append(_line("cap at 8,192 tokens + fp8", total - cut, inputs, "fp8"))
     if len(inputs.histograms) > 1:
         for name, h in inputs.histograms.items():

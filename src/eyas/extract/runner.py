@@ -137,7 +137,8 @@ def _write_shards(config, paths, job: Job, todo: list[int], rank: int, world: in
             storage.remove_partial(paths.hidden_dir, shard)
             sidecar = _extract_shard(config, paths, job, model, packed, shard, advance)
             written += sidecar["bytes"]
-            bar.update(task, description=f"{label} · {written / 1e9:.2f} GB written")
+            amount = f"{written / 1e9:,.2f} GB" if written >= 1e9 else f"{written / 1e6:,.1f} MB"
+            bar.update(task, description=f"{label} · {amount} written")
             log.info("shard %d: %d samples, %d tokens, %.1f MB in %.1f s", shard, sidecar["samples"], sidecar["tokens"], sidecar["bytes"] / 1e6, sidecar["seconds"])
 
 

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 def run(config: RunConfig, quiet: bool = False) -> dict:
     from eyas.merge.build import merge
-    from eyas.merge.stats import histogram_table, summary_table
+    from eyas.merge.stats import dropped_text, histogram_table, summary_table
 
     stats = merge(config, quiet)
     if not quiet:
@@ -32,6 +32,6 @@ def run(config: RunConfig, quiet: bool = False) -> dict:
         console.print(histogram_table(stats["train"]["length_histogram"], "train lengths"))
     log.info(
         "merged %d train samples (%d tokens) and %d eval samples; dropped %s",
-        stats["train"]["samples"], stats["train"]["tokens"], stats["eval"]["samples"], stats["dropped"],
+        stats["train"]["samples"], stats["train"]["tokens"], stats["eval"]["samples"], dropped_text(stats["dropped"]),
     )
     return stats

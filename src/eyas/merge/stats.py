@@ -86,7 +86,8 @@ class SplitStats:
 DROP_REASONS = ("no_trainable", "too_long", "max_tokens", "weight")
 
 
-def _dropped_text(dropped: dict[str, int]) -> str:
+def dropped_text(dropped: dict[str, int]) -> str:
+    """``"3 no_trainable, 1 too_long"``, or ``"0"``."""
     return ", ".join(f"{n:,} {reason}" for reason, n in dropped.items() if n) or "0"
 
 
@@ -106,7 +107,7 @@ def summary_table(stats: dict) -> Table:
             f"{held_out['samples']:,}",
             f"{held_out['tokens']:,}",
             f"{train['truncated'] + held_out['truncated']:,}",
-            _dropped_text(entry["dropped"]),
+            dropped_text(entry["dropped"]),
         )
     return table
 
