@@ -78,7 +78,7 @@ def run_demo(run_dir: Path, quiet: bool = False) -> dict:
     config_path = write_demo_config(run_dir)
     config = load_config(config_path)
     setup_logging(RunPaths.of(config).log_file, quiet)
-    console.rule("1. prompts: synthesize from the target")
+    console.rule("prompts: synthesize from the target")
     synth_started = time.monotonic()
     synthesize(config, DEMO_PROMPTS, Path(config.datasets[0].source), quiet)
     synth = {"status": "ran", "seconds": time.monotonic() - synth_started}

@@ -183,7 +183,7 @@ def run(
                 continue
             log.info("%s: %s (%s)", stage.name, "running" if status == "missing" else "rerunning", why)
         if not quiet:
-            console.rule(f"{STAGE_NAMES.index(stage.name) + 1}. {stage.name}")
+            console.rule(stage.name)
         started, cpu_started = time.monotonic(), time.process_time()
         result = stage.call(config, quiet, verify_ids)
         # CPU time beside wall time: on a shared machine it is the figure that predicts an idle one.
