@@ -139,7 +139,7 @@ def _output_rows(batch: pa.RecordBatch, first_row: int, p: Placement, max_seq_le
             for name in ("input_ids", "loss_mask"):
                 column = pc.list_slice(table.column(name), 0, max_seq_len)
                 table = table.set_column(table.schema.get_field_index(name), name, column.cast(table.schema.field(name).type))
-            table = table.set_column(table.schema.get_field_index("num_tokens"), "num_tokens", pa.array(np.minimum(lengths, max_seq_len), pa.int32()))
+            table = table.set_column(table.schema.get_field_index("num_tokens"), "num_tokens", pa.array(np.minimum(lengths, max_seq_len), table.schema.field("num_tokens").type))
             flags = [f + ["truncated"] if c else f for f, c in zip(table.column("flags").to_pylist(), cut)]
             table = table.set_column(table.schema.get_field_index("flags"), "flags", pa.array(flags, pa.list_(pa.string())))
     return table, p.keys[lo:hi], p.is_eval[lo:hi]
