@@ -72,6 +72,11 @@ def run(config: RunConfig, quiet: bool = False, prompts: str | None = None, draf
     done = _load_done(results_path)
     methods = [PLAIN] + [p.name for p in proposers]
     todo = sum(1 for p in eval_prompts for m in methods if (m, p.id) not in done)
+    if todo:
+        # The first forward passes of a process pay one-off allocation and kernel set-up
+        # (~10 s on CPU); untimed here so they do not land on the first prompt's figures.
+        with TargetRunner(model) as runner:
+            greedy_decode(runner, eval_prompts[0].input_ids, 4, stop_ids)
     started, tokens = time.monotonic(), 0
     with DurableAppender(results_path) as out, progress(quiet) as bar:
         task = bar.add_task("eval", total=todo, rate=0.0)
