@@ -75,3 +75,10 @@ def test_settings_guard_refuses_changed_sampling(tmp_path):
     with pytest.raises(ConfigError, match=r"generate.temperature: 0.0 -> 0.7"):
         settings_guard(path, {"temperature": 0.7, "max_tokens": 16})
     assert json.loads(path.read_text())["temperature"] == 0.0
+
+
+def test_settings_guard_notices_a_setting_that_was_dropped(tmp_path):
+    path = tmp_path / "settings.json"
+    settings_guard(path, {"temperature": 0.0, "extra_body": {"top_k": 5}})
+    with pytest.raises(ConfigError, match=r"generate.extra_body: \{'top_k': 5\} -> None"):
+        settings_guard(path, {"temperature": 0.0})

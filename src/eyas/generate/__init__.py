@@ -25,7 +25,7 @@ def sampling_settings(config: RunConfig) -> dict:
     """The settings that shape the output distribution; records made under others are not mixed in."""
     g = config.generate
     model = g.model if g.backend == "openai" else config.target.model
-    return {
+    settings = {
         "backend": g.backend,
         "model": model,
         "max_tokens": g.max_tokens,
@@ -33,9 +33,13 @@ def sampling_settings(config: RunConfig) -> dict:
         "top_p": g.top_p,
         "seed": g.seed,
         "stop": g.stop,
-        "reasoning": g.reasoning.model_dump(exclude_none=True) if g.reasoning else None,
-        "extra_body": g.extra_body,
     }
+    # Optional request shapers are recorded only when set, so runs that never used them keep matching.
+    if g.reasoning:
+        settings["reasoning"] = g.reasoning.model_dump(exclude_none=True)
+    if g.extra_body:
+        settings["extra_body"] = g.extra_body
+    return settings
 
 
 def run(config: RunConfig, quiet: bool = False) -> None:

@@ -125,7 +125,7 @@ def settings_guard(path: Path, settings: dict) -> None:
     """
     if path.exists():
         old = json.loads(path.read_text())
-        changed = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+        changed = {k: (old.get(k), settings.get(k)) for k in sorted({*old, *settings}) if old.get(k) != settings.get(k)}
         if changed:
             detail = ", ".join(f"generate.{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
             raise ConfigError(
