@@ -48,8 +48,11 @@ def prompts_synth(
     """Synthesize prompts from the target itself (Magpie-style)."""
     from eyas.prompts.synth import synthesize
 
-    run_config = _open_run(config, quiet) if config else RunConfig(run_dir=str(out.parent))
-    setup_logging(None, quiet)
+    if config:
+        run_config = _open_run(config, quiet)
+    else:
+        run_config = RunConfig(run_dir=str(out.parent))
+        setup_logging(None, quiet)
     synthesize(run_config, count, out, quiet)
 
 

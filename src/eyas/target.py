@@ -88,11 +88,8 @@ def resolve_target(cfg: TargetConfig) -> TargetSource:
 
 
 def _file_digest(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()[:16]
+        return hashlib.file_digest(f, "sha256").hexdigest()[:16]
 
 
 def _converted_gguf(gguf: Path) -> Path:

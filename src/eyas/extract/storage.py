@@ -89,11 +89,8 @@ class ShardBuffer:
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 24), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def write_shard(directory: Path, shard: int, buffer: ShardBuffer, info: dict, started: float) -> dict:
