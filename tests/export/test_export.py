@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 
@@ -94,6 +96,17 @@ def test_speculators_layout(trained_run, model, tmp_path):
     assert spec["verifier"]["architectures"] == ["LlamaForCausalLM"] and spec["verifier"]["name_or_path"]
     for a, b in zip(outputs(drafter), outputs(Eagle3Drafter.load(out, model))):
         assert torch.equal(a, b)
+
+
+def test_exported_weights_follow_the_umask(trained_run):
+    """safetensors alone writes 0600: a server running as another user could not read the drafter."""
+    run_dir, _ = trained_run
+    previous = os.umask(0o027)
+    try:
+        out = eyas.export.run(load_tiny(run_dir), "sglang")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o640
 
 
 def test_export_before_training_names_the_missing_directory(tmp_path):

@@ -32,6 +32,8 @@ def test_offline_extraction_stores_the_documented_layers_for_every_train_sample(
         ["index.json"] + [s["file"] for s in index["shards"]] + [s["file"].replace(".safetensors", ".json") for s in index["shards"]]
     )
     assert [i for r in hidden.shard_ranges() for i in r] == list(range(6))
+    # Shards are as readable as their JSON sidecars (safetensors alone writes 0600).
+    assert len({p.stat().st_mode for p in paths.hidden_dir.iterdir()}) == 1
     assert hidden.verify() == []
     h = hidden.hidden_size
     for i, row in enumerate(train):

@@ -25,8 +25,6 @@ FORMATS = ("sglang", "vllm", "speculators")
 
 def run(config: RunConfig, format: str = "sglang", out: str | Path | None = None, quiet: bool = False) -> Path:
     """Write the export; returns its directory."""
-    from safetensors.torch import save_file
-
     from eyas.export.readme import serve_readme
     from eyas.paths import RunPaths
     from eyas.target import load_model_config, resolve_target
@@ -44,15 +42,11 @@ def run(config: RunConfig, format: str = "sglang", out: str | Path | None = None
     verifier = resolve_target(config.target).name_or_path
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     if format == "speculators":
         architectures = list(getattr(load_model_config(config.target), "architectures", None) or [])
-        steps = config.eval.num_draft_tokens
-        save_file(layout.to_speculators_keys(weights), str(tmp / layout.WEIGHTS_FILE))
-        layout.write_json(tmp / layout.CONFIG_FILE, layout.speculators_config(spec, verifier, architectures, steps))
+        layout.save_speculators(weights, spec, tmp, verifier, architectures, config.eval.num_draft_tokens)
     else:
-        save_file(weights, str(tmp / layout.WEIGHTS_FILE))
-        layout.write_json(tmp / layout.CONFIG_FILE, layout.sglang_config(spec))
+        layout.save_sglang(weights, spec, tmp)
     (tmp / "README.md").write_text(serve_readme(format, out.resolve(), verifier, config.eval.num_draft_tokens))
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+
+from eyas.tensorfile import save_tensors
 
 FORMAT = "eyas-hidden/1"
 FP8 = torch.float8_e4m3fn
@@ -101,7 +102,7 @@ def write_shard(directory: Path, shard: int, buffer: ShardBuffer, info: dict, st
     final_path = shard_path(directory, shard)
     tmp = final_path.with_name(f"{final_path.name}.tmp-{os.getpid()}")
     # One metadata key: safetensors writes several in hash order, and a redone shard should be byte-identical.
-    save_file(buffer.tensors, tmp, metadata={"eyas": json.dumps({"format": FORMAT, "ids": buffer.ids})})
+    save_tensors(buffer.tensors, tmp, metadata={"eyas": json.dumps({"format": FORMAT, "ids": buffer.ids})})
     _fsync(tmp)
     tmp.replace(final_path)
     sidecar = {

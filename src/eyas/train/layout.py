@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
+from eyas.tensorfile import save_tensors
 from eyas.train.spec import DrafterSpec
 
 WEIGHTS_FILE = "model.safetensors"
@@ -107,14 +108,21 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def save_sglang(weights: dict[str, torch.Tensor], spec: DrafterSpec, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(_contiguous(weights), str(directory / WEIGHTS_FILE))
+    save_tensors(_contiguous(weights), directory / WEIGHTS_FILE)
     write_json(directory / CONFIG_FILE, sglang_config(spec))
 
 
-def save_speculators(drafter, directory: Path, verifier: str, verifier_architectures: list[str], steps: int) -> None:
+def save_speculators(
+    weights: dict[str, torch.Tensor],
+    spec: DrafterSpec,
+    directory: Path,
+    verifier: str,
+    verifier_architectures: list[str],
+    steps: int,
+) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    save_file(_contiguous(to_speculators_keys(drafter.trainable_state_dict())), str(directory / WEIGHTS_FILE))
-    write_json(directory / CONFIG_FILE, speculators_config(drafter.spec, verifier, verifier_architectures, steps))
+    save_tensors(_contiguous(to_speculators_keys(weights)), directory / WEIGHTS_FILE)
+    write_json(directory / CONFIG_FILE, speculators_config(spec, verifier, verifier_architectures, steps))
 
 
 def read_drafter(directory: Path) -> tuple[DrafterSpec, dict[str, torch.Tensor]]:
