@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import time
+from datetime import timedelta
 from pathlib import Path
 
 from rich.console import Console
@@ -18,6 +20,10 @@ from rich.progress import (
 
 console = Console(stderr=True)
 _file_handler: logging.Handler | None = None
+log = logging.getLogger("eyas.progress")
+
+LOG_EVERY_S = 60.0
+"""How often progress is logged where stderr is not a terminal."""
 
 
 def setup_logging(log_file: Path | None = None, quiet: bool = False) -> None:
@@ -41,9 +47,45 @@ def setup_logging(log_file: Path | None = None, quiet: bool = False) -> None:
         root.addHandler(_file_handler)
 
 
-def progress(quiet: bool = False, unit: str = "tok") -> Progress:
+class LoggedProgress(Progress):
+    """Rich's live bar on a terminal; elsewhere a log line every ``log_every`` seconds.
+
+    Where stderr is a file or a pipe (``nohup``, a batch scheduler, CI), rich draws the bar only
+    when it stops, so an hour-long stage would leave its log silent until the end. There the
+    progress goes to the log instead, and so into ``<run_dir>/eyas.log`` as well.
+    """
+
+    def __init__(self, *columns, unit: str, log_every: float, **kwargs):
+        super().__init__(*columns, **kwargs)
+        self.unit = unit
+        self.log_every = None if self.console.is_terminal or self.disable else log_every
+        self.logged_at = time.monotonic()
+
+    def update(self, task_id, **kwargs) -> None:
+        super().update(task_id, **kwargs)
+        self._log_if_due()
+
+    def advance(self, task_id, advance: float = 1) -> None:
+        super().advance(task_id, advance)
+        self._log_if_due()
+
+    def _log_if_due(self) -> None:
+        if self.log_every is None or time.monotonic() - self.logged_at < self.log_every:
+            return
+        self.logged_at = time.monotonic()
+        for task in self.tasks:
+            if task.finished:
+                continue
+            done = f"{task.completed:,.0f}/{task.total:,.0f}" if task.total else f"{task.completed:,.0f}"
+            left = f", ~{timedelta(seconds=round(task.time_remaining))} left" if task.time_remaining is not None else ""
+            rate = task.fields.get("rate")
+            speed = f", {rate:,.1f} {self.unit}/s" if rate else ""
+            log.info("%s: %s%s, %s elapsed%s", task.description, done, speed, timedelta(seconds=round(task.elapsed or 0)), left)
+
+
+def progress(quiet: bool = False, unit: str = "tok", log_every: float = LOG_EVERY_S) -> Progress:
     """A progress bar with items done, throughput in ``unit``/s (set as task field ``rate``) and ETA."""
-    return Progress(
+    return LoggedProgress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
@@ -53,4 +95,6 @@ def progress(quiet: bool = False, unit: str = "tok") -> Progress:
         console=console,
         disable=quiet,
         transient=False,
+        unit=unit,
+        log_every=log_every,
     )
