@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eyas.config import ConfigError
-from eyas.jsonl import DurableAppender, read_jsonl, recover
+from eyas.jsonl import DurableAppender, JsonlError, read_jsonl, recover
 from eyas.records import GenerationRecord, PromptRecord, Usage
 
 
@@ -39,10 +39,14 @@ class DatasetProgress:
 
 
 def read_records(path: Path) -> Iterator[GenerationRecord]:
+    """The file's generation records; a line that is not one is an error naming file:line."""
     if not path.exists():
         return
-    for _, data in read_jsonl(path):
-        yield GenerationRecord.from_dict(data)
+    for lineno, data in read_jsonl(path):
+        try:
+            yield GenerationRecord.from_dict(data)
+        except (TypeError, ValueError) as e:
+            raise JsonlError(f"{path}:{lineno}: not a generation record ({e})") from None
 
 
 def scan(path: Path) -> DatasetProgress:

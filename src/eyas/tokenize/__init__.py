@@ -23,8 +23,8 @@ from pathlib import Path
 
 from eyas.config import RunConfig
 from eyas.console import console, progress
-from eyas.jsonl import JsonlError, read_jsonl
-from eyas.records import GenerationRecord
+from eyas.generate.store import read_records
+from eyas.jsonl import read_jsonl
 from eyas.paths import RunPaths
 from eyas.tokenize.formats import Format
 from eyas.tokenize.report import DatasetReport, details, table
@@ -81,7 +81,7 @@ def _tokenize_dataset(config: RunConfig, fmt: Format, source: Path, out_path: Pa
     try:
         with progress(quiet) as bar:
             task = bar.add_task(name, total=total, rate=0.0)
-            for chunk in _chunks(_records(source), CHUNK_RECORDS):
+            for chunk in _chunks(read_records(source), CHUNK_RECORDS):
                 samples, dropped = rebuilder.rebuild(chunk)
                 for d in dropped:
                     report.drop(d)
@@ -104,15 +104,6 @@ def _tokenize_dataset(config: RunConfig, fmt: Format, source: Path, out_path: Pa
         raise
     out.commit()
     return report
-
-
-def _records(path: Path):
-    """The dataset's generation records; a line that is not one is an error naming file:line."""
-    for lineno, data in read_jsonl(path):
-        try:
-            yield GenerationRecord.from_dict(data)
-        except (TypeError, ValueError) as e:
-            raise JsonlError(f"{path}:{lineno}: not a generation record ({e})") from None
 
 
 def _chunks(items, size: int):
