@@ -208,7 +208,7 @@ def _shuffle_and_write(config: RunConfig, paths: RunPaths, scans: list[Scan], ph
             entry[split] = part.to_json()
         stats["datasets"][s.dataset.name] = {**entry, "dropped": dropped}
 
-    total_tokens = sum(int(s.arrays()[0][p.rows].sum()) for s, p in zip(scans, placements))
+    total_tokens = totals["train"].tokens + totals["eval"].tokens
     bucket_bytes = m.bucket_mb << 20
     count = plan.bucket_count(total_tokens * BYTES_PER_TOKEN, bucket_bytes)
     flush = max(1 << 20, bucket_bytes // (4 * count))

@@ -97,9 +97,7 @@ def prepare_vocab(config: RunConfig, paths: RunPaths, vocab_size: int, world: Wo
 
 def load_target(config: RunConfig, world: World) -> tuple[object | None, TargetParts]:
     """The target model when this process runs it (online, or for evaluation), and its head parts."""
-    offline = config.extract.mode == "offline"
-    with_target = config.train.eval_with_target
-    if not offline or (with_target if with_target is not None else False):
+    if config.extract.mode != "offline" or config.train.eval_with_target:
         model = load_model(config.target, world.device)
         return model, from_model(model)
     return None, from_files(config.target, world.device)
