@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from eyas.config import ConfigError, RunConfig, dump_config, load_config
+from eyas.eval.vllm_engine import VllmError
 from eyas.console import console, setup_logging
 from eyas.generate.http.errors import RunStopped
 from eyas.jsonl import JsonlError
@@ -136,16 +137,29 @@ def export(
 def eval_(
     config: ConfigArg,
     prompts: Annotated[Path | None, typer.Option(help="Prompt file (any stage-1 format) instead of the held-out split.")] = None,
-    draft: Annotated[Path | None, typer.Option(help="Drafter directory (default run_dir/export/sglang).")] = None,
+    draft: Annotated[Path | None, typer.Option(help="Drafter directory (default run_dir/export/sglang, or export/vllm with --engine vllm).")] = None,
+    engine: Annotated[str | None, typer.Option(help="eyas, or vllm: also serve the export in vLLM and check its τ against eyas's (default eval.engine).")] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Stage 7: speculative decoding with the drafter vs prompt lookup: τ, acceptance, lossless check."""
     from eyas import eval as stage
 
-    report = stage.run(_open_run(config, quiet), quiet, prompts=str(prompts) if prompts else None, draft=draft)
-    failures = stage.lossless_failures(report)
+    if engine not in (None, "eyas", "vllm"):
+        raise ConfigError(f"--engine: {engine!r} is not one of eyas, vllm")
+    report = stage.run(_open_run(config, quiet), quiet, prompts=str(prompts) if prompts else None, draft=draft, engine=engine)
+    _exit_on_eval_failures(report)
+
+
+def _exit_on_eval_failures(report: dict) -> None:
+    """Exit 1 when an output differs from greedy decoding or a serving engine disagrees with eyas."""
+    from eyas.eval.report import engine_failures, lossless_failures
+
+    failures = lossless_failures(report)
     if failures:
         console.print(f"[bold red]lossless check failed:[/] outputs differ from greedy decoding: {failures}")
+    for problem in engine_failures(report):
+        console.print(f"[bold red]vLLM disagrees with eyas:[/] {problem}")
+    if failures or engine_failures(report):
         raise typer.Exit(1)
 
 
@@ -159,12 +173,11 @@ def run_stages(
 ) -> None:
     """Run the configured stages in order; finished stages are skipped, stale input is refused."""
     from eyas import pipeline
-    from eyas.eval.report import lossless_failures
 
     results = pipeline.run(_open_run(config, quiet), quiet, first, last, verify_ids, config_path=str(config))
     eval_report = results.get("eval", {}).get("result")
-    if eval_report and lossless_failures(eval_report):
-        raise typer.Exit(1)
+    if eval_report:
+        _exit_on_eval_failures(eval_report)
 
 
 @app.command()
@@ -222,3 +235,6 @@ def main() -> None:
         # Credits exhausted (3), budget reached (4), requests rejected (5): see eyas.generate.http.errors.
         console.print(f"[bold red]stopped:[/] {e}", markup=True, highlight=False)
         sys.exit(e.exit_code)
+    except VllmError as e:
+        console.print(f"[bold red]error:[/] {e}", markup=False, highlight=False)
+        sys.exit(1)

@@ -221,9 +221,9 @@ class ExtractConfig(Section):
     mode: Literal["offline", "online"] = "offline"
     """`offline`: write hidden-state shards. `online`: training computes them on the fly."""
     aux_layers: list[int] | None = None
-    """0-based decoder layers whose outputs are captured; default [1, L//2-1, L-4]."""
+    """0-based decoder layers whose outputs are captured; default [1, L//2-1, L-4]; three, ascending, each at most L-2."""
     dtype: Literal["bf16", "fp8"] = "bf16"
-    """Storage dtype; fp8 (e4m3, per-row scale) halves storage."""
+    """Storage dtype; fp8 stores aux states as e4m3 with a per-token, per-layer scale (final stays bf16: the teacher is exact), ~62% of bf16's bytes."""
     batch_tokens: int = Field(default=8192, ge=1)
     """Tokens per forward batch, padding included (samples sorted by length)."""
     packing: Literal["auto", "packed", "padded"] = "auto"
@@ -288,6 +288,14 @@ class EvalConfig(Section):
     """Eval prompts used (None: all)."""
     temperature: float = Field(default=0.0, ge=0.0)
     """0: greedy verification with a lossless check; >0: speculative rejection sampling."""
+    draft_sampling: Literal["greedy", "sample"] = "greedy"
+    """At temperature > 0: `greedy` drafts the drafter's argmax and accepts it with the target's probability of it (what vLLM does, so τ is the one a server shows); `sample` samples drafts and accepts with min(1, p/q)."""
+    engine: Literal["eyas", "vllm"] = "eyas"
+    """`vllm`: also serve the vLLM export in vLLM itself and check its τ, passes and outputs against eyas's."""
+    vllm_python: str | None = None
+    """Python that imports vllm (default $EYAS_VLLM_PYTHON, this interpreter, or the checkout's .venv-vllm from `make vllm`)."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """vLLM tensor parallelism for eval.engine: vllm (GPUs the target is split over)."""
     prompts: str | None = None
     """Prompt file to evaluate on instead of the merge's held-out split."""
     broken_control: bool = True

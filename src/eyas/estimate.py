@@ -1,9 +1,11 @@
 """Estimate what offline extraction will cost before spending it: storage, time, and savings.
 
 Storage is tokens × (aux layers + 1) × hidden size × bytes per value (plus each token's id,
-mask and fp8 scales: :func:`eyas.extract.plan.bytes_per_token`); time is tokens ÷
-throughput. The reference job — 138M tokens, hidden size 7,168, 4 layers in bf16 — comes to
-≈ 7.9 TB before any cap, which is why each cap, fp8 and dataset drop gets its own row.
+mask and fp8 scales: :func:`eyas.extract.plan.bytes_per_token`); fp8 makes only the aux
+values 1 byte (final stays bf16, the teacher's exact input), so it saves ≈ 37.5%, not half.
+Time is tokens ÷ throughput. The reference job — 138M tokens, hidden size 7,168, 4 layers
+in bf16 — comes to ≈ 7.9 TB before any cap (≈ 4.9 TB in fp8), which is why each cap, fp8 and
+dataset drop gets its own row.
 
 Inputs come from files that exist early: the target's ``config.json`` alone (no weights),
 the merge's ``stats.json`` (or, before merging, the tokenize Parquet files' ``num_tokens``

@@ -76,10 +76,15 @@ def _train(config, quiet, verify_ids):
     return train.run(config, quiet)
 
 
+def _export_formats(config: RunConfig) -> list[str]:
+    """The SGLang layout always; vLLM's too when eval serves the export in vLLM."""
+    return ["sglang", "vllm"] if config.eval.engine == "vllm" else ["sglang"]
+
+
 def _export(config, quiet, verify_ids):
     from eyas import export
 
-    return export.run(config, "sglang", None, quiet)
+    return [export.run(config, f, None, quiet) for f in _export_formats(config)]
 
 
 def _eval(config, quiet, verify_ids):
@@ -98,7 +103,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("merge", ("merge", "datasets"), lambda c, p: [p.merge_dir / "stats.json"], _merge),
     Stage("extract", ("extract",), lambda c, p: [p.hidden_dir / "index.json"], _extract),
     Stage("train", ("train", "extract"), lambda c, p: [p.train_dir / "final" / "config.json", p.train_dir / "final" / "model.safetensors"], _train),
-    Stage("export", ("train",), lambda c, p: [p.export_dir / "sglang" / "config.json"], _export),
+    Stage("export", ("train",), lambda c, p: [p.export_dir / f / "config.json" for f in _export_formats(c)], _export),
     Stage("eval", ("eval",), lambda c, p: [p.eval_dir / "report.json"], _eval, True),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)

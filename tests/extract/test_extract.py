@@ -1,13 +1,17 @@
 import json
+import time
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from eyas import extract
 from eyas.config import ConfigError
 from eyas.estimate import gather
+from eyas.extract import storage
 from eyas.extract.capture import default_aux_layers, num_decoder_layers
 from eyas.extract.forward import forward
+from eyas.extract.plan import bytes_per_token
 from eyas.extract.reader import HiddenStates
 from eyas.merge.reader import iter_split
 from eyas.paths import RunPaths
@@ -51,7 +55,7 @@ def test_offline_extraction_stores_the_documented_layers_for_every_train_sample(
     assert gather(merged_run).throughput == index["tokens_per_s"] > 0
 
 
-def test_fp8_halves_storage_and_dequantizes_close(merged_run, tmp_path):
+def test_fp8_quantizes_aux_only_and_keeps_final_exact(merged_run, tmp_path):
     bf16 = extract.run(merged_run, quiet=True)
     fp8_config = with_extract(merged_run.model_copy(update={"run_dir": str(tmp_path / "fp8")}), dtype="fp8")
     (tmp_path / "fp8").mkdir()
@@ -59,16 +63,63 @@ def test_fp8_halves_storage_and_dequantizes_close(merged_run, tmp_path):
 
     shutil.copytree(RunPaths.of(merged_run).merge_dir, RunPaths.of(fp8_config).merge_dir)
     fp8 = extract.run(fp8_config, quiet=True)
-    assert fp8["dtype"] == "fp8" and 0.45 < fp8["bytes"] / bf16["bytes"] < 0.6
-    exact, quantized = HiddenStates(RunPaths.of(merged_run).hidden_dir), HiddenStates(RunPaths.of(fp8_config).hidden_dir)
-    h = exact.hidden_size
+    h = fp8["hidden_size"]
+    # Aux in e4m3 + a float32 scale per token and aux layer, final in bf16: 2,897 vs 4,613 bytes a token (+ headers).
+    assert fp8["dtype"] == "fp8" and fp8["bytes"] / bf16["bytes"] == pytest.approx(
+        bytes_per_token(h, 3, "fp8") / bytes_per_token(h, 3, "bf16"), abs=0.01
+    )
+    assert "aux_scale" in fp8["tensors"] and "final_scale" not in fp8["tensors"]
+    fp8_dir = RunPaths.of(fp8_config).hidden_dir
+    for s in fp8["shards"]:
+        with safe_open(str(fp8_dir / s["file"]), framework="pt") as f:
+            assert "final_scale" not in f.keys()
+            assert f.get_slice("final").get_dtype() == "BF16" and f.get_slice("aux").get_dtype() == "F8_E4M3"
+    exact, quantized = HiddenStates(RunPaths.of(merged_run).hidden_dir), HiddenStates(fp8_dir)
+    aux_differs = False
     for i in range(len(exact)):
         a, b = exact[i], quantized[i]
-        assert b.aux.dtype == torch.bfloat16
+        assert b.aux.dtype == b.final.dtype == torch.bfloat16
+        # The teacher's input is untouched: final is bit for bit the bf16 run's.
+        assert torch.equal(a.final.view(torch.int16), b.final.view(torch.int16))
+        aux_differs |= not torch.equal(a.aux, b.aux)
         for k in range(3):
             x, y = a.aux[:, k * h : (k + 1) * h].float(), b.aux[:, k * h : (k + 1) * h].float()
             # e4m3 keeps 3 mantissa bits: error within 1/16 of each row's largest value.
             assert ((x - y).abs() <= x.abs().amax(-1, keepdim=True) / 16 + 1e-2).all()
+    assert aux_differs  # aux really is quantized
+
+
+def test_older_fp8_shards_with_a_final_scale_still_read(tmp_path):
+    """An older eyas stored final in e4m3 too, with ``final_scale``; such shards read as before, even beside new ones."""
+    torch.manual_seed(0)
+    h, lengths = 16, [3, 5]
+    aux, final = torch.randn(8, 3 * h) * 4, torch.randn(8, h) * 30
+    bounds = [(0, 3), (3, 8)]
+    shards = []
+    for shard, old in enumerate((True, False)):
+        buffer = storage.ShardBuffer([f"s{shard}/a", f"s{shard}/b"], lengths, h, 3, "fp8")
+        for i, (lo, hi) in enumerate(bounds):
+            buffer.put(i, list(range(lo, hi)), [1] * (hi - lo), aux[lo:hi], final[lo:hi])
+        if old:
+            buffer.tensors["final"], buffer.tensors["final_scale"] = storage.quantize(final, 1)
+        sidecar = storage.write_shard(tmp_path, shard, buffer, {"sample_start": 2 * shard}, time.monotonic())
+        shards.append({k: sidecar[k] for k in ("file", "samples", "tokens", "bytes", "sha256", "sample_start")})
+    index = {"format": storage.FORMAT, "dtype": "fp8", "aux_layers": [1, 14, 26], "hidden_size": h, "num_samples": 4, "shards": shards}
+    storage.write_json_atomic(storage.index_path(tmp_path), index)
+    hidden = HiddenStates(tmp_path)
+    assert hidden.verify() == [] and len(hidden) == 4
+    old_final, old_scale = storage.quantize(final, 1)
+    for i in range(4):
+        sample, (lo, hi) = hidden[i], bounds[i % 2]
+        assert sample.id == f"s{i // 2}/{'ab'[i % 2]}" and sample.input_ids.tolist() == list(range(lo, hi))
+        assert sample.aux.dtype == sample.final.dtype == torch.bfloat16
+        assert torch.equal(sample.aux, storage.dequantize(*storage.quantize(aux[lo:hi], 3)))
+        if i < 2:  # old shard: final dequantized with its final_scale, within e4m3 error of the original
+            assert torch.equal(sample.final, storage.dequantize(old_final[lo:hi], old_scale[lo:hi]))
+            x = final[lo:hi]
+            assert ((sample.final.float() - x).abs() <= x.abs().amax(-1, keepdim=True) / 16 + 1e-2).all()
+        else:  # new shard: final exact bf16
+            assert torch.equal(sample.final, final[lo:hi].bfloat16())
 
 
 def test_packed_batches_equal_padded_ones(model, extract_rows):
@@ -94,8 +145,11 @@ def test_changed_settings_are_refused_not_mixed(merged_run):
     extract.run(merged_run, quiet=True)
     with pytest.raises(ConfigError, match="other extract settings.*delete"):
         extract.run(with_extract(merged_run, aux_layers=[2, 10, 20]), quiet=True)
-    with pytest.raises(ConfigError, match=r"extract.aux_layers: need 3 layers in 0..29"):
-        extract.run(with_extract(merged_run, aux_layers=[1, 2, 30]), quiet=True)
+    # The last layer's output is no layer's input, so no server can capture it.
+    with pytest.raises(ConfigError, match=r"extract.aux_layers: \[1, 14, 29\] must lie in 0..28 for a 30-layer target"):
+        extract.run(with_extract(merged_run, aux_layers=[1, 14, 29]), quiet=True)
+    with pytest.raises(ConfigError, match=r"extract.aux_layers: \[3, 1, 2\] must be distinct and strictly ascending"):
+        extract.run(with_extract(merged_run, aux_layers=[3, 1, 2]), quiet=True)
 
 
 def test_online_mode_writes_nothing(merged_run):
@@ -114,7 +168,7 @@ def test_reader_errors_are_clear(tmp_path):
 def test_non_finite_states_stop_the_run_naming_the_sample(merged_run, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tiny = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, vocab_size=49152))
+    tiny = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2, vocab_size=49152))
     with torch.no_grad():
         tiny.model.layers[3].mlp.down_proj.weight[0, 0] = float("nan")
     tiny.save_pretrained(tmp_path / "broken")

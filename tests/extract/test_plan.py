@@ -26,5 +26,7 @@ def test_batches_sort_by_length_and_respect_padded_budget():
 def test_bytes_per_token_and_default_shard_size():
     # Reference shape: 4 layers of 7,168 values in bf16 ≈ 57 KB per token.
     assert bytes_per_token(7168, 3, "bf16") == 4 * 7168 * 2 + 5
-    assert bytes_per_token(7168, 3, "fp8") == 4 * 7168 + 16 + 5
+    # fp8: the 3 aux layers in e4m3 (1 byte) + a float32 scale each; final stays bf16 (2 bytes).
+    assert bytes_per_token(7168, 3, "fp8") == 3 * 7168 * 1 + 3 * 4 + 7168 * 2 + 5 == 35_857
     assert 18_000 < default_shard_tokens(7168, 3, "bf16") < 19_000
+    assert default_shard_tokens(7168, 3, "fp8") == 2**30 // 35_857 == 29_945

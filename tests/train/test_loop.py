@@ -82,3 +82,10 @@ def test_missing_corpus_is_a_config_error(tmp_path):
 def test_hidden_size_other_than_targets_is_rejected(merged_run):
     with pytest.raises(ConfigError, match="train.hidden_size"):
         eyas.train.run(load_tiny(merged_run, hidden_size=256), quiet=True)
+
+
+def test_online_training_refuses_unservable_aux_layers(merged_run):
+    config = load_tiny(merged_run)
+    config = config.model_copy(update={"extract": config.extract.model_copy(update={"aux_layers": [3, 1, 2]})})
+    with pytest.raises(ConfigError, match=r"extract\.aux_layers: \[3, 1, 2\] must be distinct and strictly ascending"):
+        eyas.train.run(config, quiet=True)

@@ -9,6 +9,9 @@ Methods, all with the same ``eval.num_draft_tokens``: plain decoding (reference 
 speed), prompt lookup (the baseline to beat), the EAGLE-3 drafter, and the same drafter fed
 its aux states in the wrong order (a control that must collapse toward τ = 1).
 
+With ``eval.engine: vllm`` (or ``--engine vllm``) the export is also served by vLLM itself and
+its own counters stand beside eyas's figures, checked for agreement (:mod:`eyas.eval.vllm_engine`).
+
 Guarantees: with temperature 0 every method's output is checked against plain greedy
 decoding on every prompt, and any difference is reported as a failure. Per-prompt results
 are appended to ``eval/results-<settings hash>.jsonl`` as they finish, so an interrupted
@@ -17,6 +20,7 @@ eval resumes and a changed setting or drafter never reuses stale results.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from dataclasses import asdict
@@ -31,39 +35,58 @@ from eyas.eval.eagle import BROKEN_ORDER, EagleProposer, load_drafter
 from eyas.eval.lookup import PromptLookup
 from eyas.eval.plot import plot_acceptance
 from eyas.eval.prompts import EvalPrompt, load_eval_prompts
-from eyas.eval.report import PLAIN, PromptResult, lossless_failures, plain_summary, summarize, table, write_report
+from eyas.eval.report import (
+    PLAIN,
+    PromptResult,
+    engine_check_line,
+    engine_failures,
+    lossless_failures,
+    plain_summary,
+    summarize,
+    table,
+    write_report,
+)
 from eyas.jsonl import DurableAppender, read_jsonl, recover
 from eyas.paths import RunPaths
 from eyas.records import content_hash
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run", "default_draft_dir", "lossless_failures"]
+__all__ = ["run", "default_draft_dir", "engine_failures", "lossless_failures"]
+
+ENGINE_ONLY_KEYS = {"max_prompts", "engine", "vllm_python", "tensor_parallel_size"}
+"""Eval settings that do not change eyas's own per-prompt results (so changing them reuses them)."""
 
 
-def default_draft_dir(paths: RunPaths) -> Path:
-    """Where ``eyas export`` puts the SGLang-format drafter by default."""
-    return paths.export_dir / "sglang"
+def default_draft_dir(paths: RunPaths, engine: str = "eyas") -> Path:
+    """Where ``eyas export`` puts the drafter the engine serves: the SGLang layout, or vLLM's."""
+    return paths.export_dir / ("vllm" if engine == "vllm" else "sglang")
 
 
-def run(config: RunConfig, quiet: bool = False, prompts: str | None = None, draft: Path | None = None) -> dict:
+def run(
+    config: RunConfig, quiet: bool = False, prompts: str | None = None, draft: Path | None = None,
+    engine: str | None = None,
+) -> dict:
     """Evaluate and return the report (also written to ``eval/report.json``)."""
     from eyas.target import end_of_turn_id, load_model, load_tokenizer
 
     paths = RunPaths.of(config)
     cfg = config.eval
-    draft_dir = Path(draft) if draft else default_draft_dir(paths)
+    engine = engine or cfg.engine
+    draft_dir = Path(draft) if draft else default_draft_dir(paths, engine)
     tokenizer = load_tokenizer(config.target)
     model = load_model(config.target)
     drafter = load_drafter(draft_dir, model)
     eval_prompts = load_eval_prompts(config, tokenizer, prompts)
-    proposers = [PromptLookup(cfg.lookup_max_ngram), EagleProposer(drafter)]
+    proposers = [PromptLookup(cfg.lookup_max_ngram), EagleProposer(drafter, sample_drafts=cfg.draft_sampling == "sample")]
     if cfg.broken_control:
-        proposers.append(EagleProposer(drafter, "eagle3_broken_aux_order", BROKEN_ORDER))
+        proposers.append(
+            EagleProposer(drafter, "eagle3_broken_aux_order", BROKEN_ORDER, sample_drafts=cfg.draft_sampling == "sample")
+        )
     stop_ids = {end_of_turn_id(tokenizer)} | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
     settings = {
-        "eval": cfg.model_dump(mode="json", exclude={"max_prompts"}),
+        "eval": cfg.model_dump(mode="json", exclude=ENGINE_ONLY_KEYS),
         "target": config.target.model,
         "draft": _fingerprint(draft_dir),
         "prompts": prompts or cfg.prompts,
@@ -91,20 +114,51 @@ def run(config: RunConfig, quiet: bool = False, prompts: str | None = None, draf
                 bar.update(task, advance=1, rate=tokens / max(time.monotonic() - started, 1e-9))
 
     report = _report(config, draft_dir, eval_prompts, methods, done)
+    if engine == "vllm":
+        _add_vllm(report, config, model, draft_dir, eval_prompts, stop_ids, paths, done)
     write_report(paths.eval_dir / "report.json", report)
     plot_acceptance(report, paths.eval_dir / "acceptance.png")
     if not quiet:
         console.print(table(report))
+        if engine_check_line(report):
+            console.print(engine_check_line(report))
     failures = lossless_failures(report)
     if failures:
         log.error("lossless check FAILED: outputs differ from plain greedy decoding: %s", failures)
+    for problem in engine_failures(report):
+        log.error("vLLM disagrees with eyas: %s", problem)
     return report
 
 
+def _add_vllm(
+    report: dict, config: RunConfig, model, draft_dir: Path, prompts: list[EvalPrompt], stop_ids, paths, done
+) -> None:
+    """Serve the export in vLLM on the same prompts; its row and the agreement check join the report."""
+    from eyas.eval import vllm_engine
+    from eyas.target import resolve_target
+
+    cfg = config.eval
+    dtype = str(model.dtype).removeprefix("torch.")
+    result = vllm_engine.serve(
+        config, resolve_target(config.target).name_or_path, draft_dir, [p.input_ids for p in prompts], stop_ids,
+        dtype, paths.eval_dir,
+    )
+    reference = {p.id: done[(PLAIN, p.id)].tokens for p in prompts} if cfg.temperature == 0 else None
+    vllm = vllm_engine.summarize_vllm(result, [p.id for p in prompts], cfg.num_draft_tokens, reference)
+    report["methods"][vllm_engine.METHOD] = vllm
+    report["engine_check"] = vllm_engine.compare(
+        report["methods"]["eagle3"], vllm, cfg.num_draft_tokens, greedy=cfg.temperature == 0
+    )
+
+
 def _fingerprint(draft_dir: Path) -> dict:
-    """Identifies the drafter's weights without hashing them: path, size and mtime of each file."""
-    files = sorted(p for p in draft_dir.iterdir() if p.is_file())
-    return {"dir": str(draft_dir.resolve()), "files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in files]}
+    """The drafter's identity by content: its config and weights (not its README or path), so the
+    same drafter in the SGLang and vLLM layouts shares results and a retrained one never does."""
+    digests = {}
+    for path in sorted(p for p in draft_dir.iterdir() if p.is_file() and p.suffix != ".md"):
+        with path.open("rb") as f:
+            digests[path.name] = hashlib.file_digest(f, "sha256").hexdigest()
+    return digests
 
 
 def _load_done(path: Path) -> dict[tuple[str, str], PromptResult]:

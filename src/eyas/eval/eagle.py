@@ -5,6 +5,11 @@ hands it the target's aux states at each committed position, as SGLang and vLLM 
 every verification pass. ``aux_order`` permutes the three aux layers before the drafter sees
 them: ``(2, 1, 0)`` is the broken control — the reference job's concatenation bug — whose τ
 must collapse toward 1 if the drafter really uses what it was trained on.
+
+At temperature > 0 vLLM drafts the drafter's argmax and accepts it with the target's
+probability of it (q one-hot); that is the default here too (``eval.draft_sampling: greedy``),
+so the τ eyas reports is the one a server shows. ``sample`` draws drafts from the drafter's
+own distribution and accepts with min(1, p/q), which usually accepts more.
 """
 
 from __future__ import annotations
@@ -32,8 +37,11 @@ def load_drafter(directory: Path, target_model):
 class EagleProposer:
     """Implements the Proposer protocol with an :class:`~eyas.train.drafter.Eagle3Drafter`."""
 
-    def __init__(self, drafter, name: str = "eagle3", aux_order: tuple[int, ...] | None = None):
+    def __init__(
+        self, drafter, name: str = "eagle3", aux_order: tuple[int, ...] | None = None, sample_drafts: bool = False
+    ):
         self.drafter = drafter
+        self.sample_drafts = sample_drafts
         self.name = name
         self.aux_layers = list(drafter.spec.aux_layers)
         if aux_order is not None and sorted(aux_order) != list(range(len(self.aux_layers))):
@@ -54,4 +62,5 @@ class EagleProposer:
 
     @torch.inference_mode()
     def propose(self, k: int, temperature: float = 0.0) -> tuple[list[int], list[torch.Tensor] | None]:
-        return self.session.propose(k, temperature)
+        """Drafts, with their distributions only when sampled (None tells verification q is one-hot)."""
+        return self.session.propose(k, temperature if self.sample_drafts else 0.0)

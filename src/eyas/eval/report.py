@@ -72,6 +72,25 @@ def lossless_failures(report: dict) -> dict[str, list[str]]:
     }
 
 
+def engine_failures(report: dict) -> list[str]:
+    """Where a serving engine that ran the export disagrees with eyas (see :mod:`eyas.eval.vllm_engine`)."""
+    return list(report.get("engine_check", {}).get("problems", []))
+
+
+def engine_check_line(report: dict) -> str | None:
+    """One line under the table: does the serving engine's τ agree with eyas's?"""
+    check = report.get("engine_check")
+    if check is None:
+        return None
+    figures = (
+        f"vLLM τ {check['vllm_tau']:.3f} vs eyas {check['eyas_tau']:.3f} ({check['difference']:+.3f}), "
+        f"passes {check['vllm_drafts']} vs {check['eyas_passes']}"
+    )
+    if not check["checked"]:
+        return f"{figures}: not checked at temperature > 0 (the engines draw different random numbers)"
+    return f"{figures}: " + ("agree" if not check["problems"] else "DISAGREE — " + "; ".join(check["problems"]))
+
+
 def write_report(path: Path, report: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")

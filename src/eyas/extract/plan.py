@@ -11,15 +11,20 @@ SHARD_TARGET_BYTES = 1 << 30
 enough that a shard is assembled in memory and a lost one is cheap to redo."""
 
 BYTES_PER_VALUE = {"bf16": 2, "fp8": 1}
+"""Bytes of one aux value; ``final`` is always bfloat16 (2 bytes), the teacher's exact input."""
+FINAL_BYTES_PER_VALUE = 2
 SCALE_BYTES = 4
-"""fp8 keeps one float32 scale per token per captured layer."""
+"""fp8 keeps one float32 scale per token per aux layer."""
 
 
 def bytes_per_token(hidden_size: int, num_aux: int, dtype: str) -> int:
-    """Disk bytes of one token: aux + final states, fp8 scales, its id (int32) and mask (uint8)."""
-    layers = num_aux + 1
-    scales = layers * SCALE_BYTES if dtype == "fp8" else 0
-    return layers * hidden_size * BYTES_PER_VALUE[dtype] + scales + 4 + 1
+    """Disk bytes of one token: aux states, the bf16 final state, fp8 aux scales, its id (int32) and mask (uint8).
+
+    bf16: ``(num_aux + 1)·H·2 + 5``; fp8: ``num_aux·H·1 + num_aux·4 + H·2 + 5``.
+    """
+    scales = num_aux * SCALE_BYTES if dtype == "fp8" else 0
+    aux = num_aux * hidden_size * BYTES_PER_VALUE[dtype]
+    return aux + hidden_size * FINAL_BYTES_PER_VALUE + scales + 4 + 1
 
 
 def default_shard_tokens(hidden_size: int, num_aux: int, dtype: str) -> int:

@@ -1,11 +1,12 @@
 """Random access by sample to extracted hidden states, memory-mapped.
 
 ``HiddenStates(run_dir / "hidden")[i]`` is sample ``i`` of the merged train split: its ids,
-loss mask, aux states [T, 3H] and final states [T, H] in bfloat16 (fp8 shards are
-dequantized on read). Shards are opened lazily with safetensors' memory map, so a reader
-costs no RAM up front, and each training rank can read only its own shards
-(:meth:`HiddenStates.shard_ranges`). Safe to hand to DataLoader workers: open files are not
-pickled, each worker opens its own.
+loss mask, aux states [T, 3H] and final states [T, H] in bfloat16 (fp8 shards store aux as
+e4m3, dequantized on read, and final as exact bfloat16; a ``final_scale`` tensor, written by
+older eyas versions that quantized final too, is honoured per shard). Shards are opened
+lazily with safetensors' memory map, so a reader costs no RAM up front, and each training
+rank can read only its own shards (:meth:`HiddenStates.shard_ranges`). Safe to hand to
+DataLoader workers: open files are not pickled, each worker opens its own.
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ class _Shard:
         self.file = safe_open(str(path), framework="pt")
         self.ids: list[str] = json.loads(self.file.metadata()["eyas"])["ids"]
         self.offsets = self.file.get_tensor("offsets").tolist()
+        self.final_scaled = "final_scale" in self.file.keys()
+        """An older eyas's fp8 shard: final is e4m3 with a per-token scale too."""
 
     def rows(self, name: str, lo: int, hi: int) -> torch.Tensor:
         return self.file.get_slice(name)[lo:hi]
@@ -94,6 +97,7 @@ class HiddenStates:
         aux, final = f.rows("aux", lo, hi), f.rows("final", lo, hi)
         if self.dtype == "fp8":
             aux = storage.dequantize(aux, f.rows("aux_scale", lo, hi))
+        if f.final_scaled:
             final = storage.dequantize(final, f.rows("final_scale", lo, hi))
         return HiddenSample(
             id=f.ids[local],

@@ -19,7 +19,7 @@ import torch
 from eyas.config import ConfigError, RunConfig
 from eyas.console import progress
 from eyas.extract import plan, storage
-from eyas.extract.capture import default_aux_layers, hf_hidden_state_indices
+from eyas.extract.capture import check_aux_layers, default_aux_layers, hf_hidden_state_indices
 from eyas.extract.forward import forward, use_packing
 from eyas.merge.reader import read_rows, split_lengths
 from eyas.paths import RunPaths
@@ -52,9 +52,10 @@ def plan_job(config: RunConfig, paths: RunPaths) -> Job:
     num_layers, hidden = text.num_hidden_layers, text.hidden_size
     x = config.extract
     aux_layers = list(x.aux_layers) if x.aux_layers is not None else default_aux_layers(num_layers)
-    bad = [i for i in aux_layers if not 0 <= i < num_layers]
-    if bad or len(aux_layers) != 3:
-        raise ConfigError(f"extract.aux_layers: need 3 layers in 0..{num_layers - 1} (the target has {num_layers}), got {aux_layers}")
+    try:
+        check_aux_layers(aux_layers, num_layers)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     shard_tokens = x.shard_tokens or plan.default_shard_tokens(hidden, len(aux_layers), x.dtype)
     settings = {
         "target": config.target.model,
@@ -187,7 +188,7 @@ def _write_index(paths: RunPaths, job: Job) -> dict:
         "num_tokens": tokens,
         "bytes": sum(s["bytes"] for s in shards),
         "tensors": {"aux": ["tokens", len(job.aux_layers) * h], "final": ["tokens", h], "input_ids": ["tokens"], "loss_mask": ["tokens"], "offsets": ["samples + 1"]}
-        | ({"aux_scale": ["tokens", len(job.aux_layers)], "final_scale": ["tokens", 1]} if job.settings["dtype"] == "fp8" else {}),
+        | ({"aux_scale": ["tokens", len(job.aux_layers)]} if job.settings["dtype"] == "fp8" else {}),
         "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
         "fingerprint": job.fingerprint,
         "shards": shards,

@@ -1,8 +1,10 @@
 """The on-disk form of hidden states: one safetensors file per shard, a sidecar, an index.
 
 ``shard-NNNNN.safetensors`` holds, concatenated over its samples in order:
-``aux`` [tokens, 3H] and ``final`` [tokens, H] (bfloat16, or float8 e4m3 with float32
-``aux_scale`` [tokens, 3] and ``final_scale`` [tokens, 1] — one scale per token and layer),
+``aux`` [tokens, 3H] (bfloat16, or with ``dtype: fp8`` float8 e4m3 plus float32 ``aux_scale``
+[tokens, 3] — one scale per token and layer) and ``final`` [tokens, H] (always bfloat16: it is
+the teacher's input, ``lm_head(final)``, so it is kept exact; shards of an older eyas may hold it
+as e4m3 with a ``final_scale`` [tokens, 1], which the reader still dequantizes),
 ``input_ids`` int32 [tokens], ``loss_mask`` uint8 [tokens] and ``offsets`` int64 [samples+1];
 its metadata (key ``eyas``) holds the format and the sample ids. A shard is written under a temporary name and renamed when
 complete; then ``shard-NNNNN.json`` (checksum, counts) is written, last: a shard counts as done
@@ -62,29 +64,26 @@ class ShardBuffer:
         storage = FP8 if dtype == "fp8" else torch.bfloat16
         self.tensors = {
             "aux": torch.empty(total, num_aux * hidden, dtype=storage),
-            "final": torch.empty(total, hidden, dtype=storage),
+            "final": torch.empty(total, hidden, dtype=torch.bfloat16),
             "input_ids": torch.empty(total, dtype=torch.int32),
             "loss_mask": torch.empty(total, dtype=torch.uint8),
             "offsets": self.offsets,
         }
         if dtype == "fp8":
             self.tensors["aux_scale"] = torch.empty(total, num_aux, dtype=torch.float32)
-            self.tensors["final_scale"] = torch.empty(total, 1, dtype=torch.float32)
 
     @property
     def num_tokens(self) -> int:
         return int(self.offsets[-1])
 
     def put(self, i: int, input_ids: list[int], loss_mask: list[int], aux: torch.Tensor, final: torch.Tensor) -> None:
-        """Store sample ``i`` (aux [T, 3H], final [T, H] on any device)."""
+        """Store sample ``i`` (aux [T, 3H], final [T, H] on any device); fp8 quantizes aux only."""
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
         self.tensors["input_ids"][lo:hi] = torch.tensor(input_ids, dtype=torch.int32)
         self.tensors["loss_mask"][lo:hi] = torch.tensor(loss_mask, dtype=torch.uint8)
         if self.dtype == "fp8":
             aux, aux_scale = quantize(aux, self.num_aux)
-            final, final_scale = quantize(final, 1)
             self.tensors["aux_scale"][lo:hi] = aux_scale.cpu()
-            self.tensors["final_scale"][lo:hi] = final_scale.cpu()
         self.tensors["aux"][lo:hi] = aux.to(self.tensors["aux"].dtype).cpu()
         self.tensors["final"][lo:hi] = final.to(self.tensors["final"].dtype).cpu()
 

@@ -171,11 +171,14 @@ class Eagle3Drafter(nn.Module):
 
     @classmethod
     def load(cls, directory: str | Path, target_model) -> Eagle3Drafter:
-        """A drafter from a training checkpoint, ``train/final`` or an export (any format);
-        the embedding comes from ``target_model``."""
-        from eyas.train.layout import read_drafter
+        """A drafter from a training checkpoint, ``train/final``, an export (any format) or a
+        foreign EAGLE-3 checkpoint; the embedding comes from ``target_model``."""
+        from eyas.extract.capture import check_aux_layers, num_decoder_layers
+        from eyas.train.layout import CONFIG_FILE, read_drafter
 
-        spec, weights = read_drafter(Path(directory))
+        num_layers = num_decoder_layers(target_model)
+        spec, weights = read_drafter(Path(directory), num_layers)
+        check_aux_layers(list(spec.aux_layers), num_layers, f"{Path(directory) / CONFIG_FILE}: aux layers")
         drafter = cls(spec, target_model.get_input_embeddings().weight)
         drafter.load_weights(weights, str(directory))
         return drafter.to(target_model.get_input_embeddings().weight.device)

@@ -4,8 +4,18 @@ Training checkpoints and ``train/final`` use the SGLang/vLLM layout too, so a ch
 already servable and :func:`read_drafter` loads any of them. The key lists below are the
 documented ones; tests hold golden copies.
 
-``eagle_aux_hidden_state_layer_ids`` are 0-based decoder layers whose *outputs* feed ``fc``
-(SGLang and vLLM capture the input of layer id+1, the same tensor).
+Layer ids: eyas's ``aux_layers`` are 0-based decoder layers whose *outputs* feed ``fc``. The
+engines number the same tensors two ways, and a mix-up shifts every layer by one (the drafter
+still loads, and acceptance quietly drops):
+
+- SGLang reads ``eagle_config.eagle_aux_hidden_state_layer_ids`` as output-layer ids and
+  captures the input of layer id+1 (recent SGLang adds the 1 only when the first id is 1, so
+  a first id other than 1 is warned about where the ids are checked). SpecForge and
+  Model-Optimizer write this numbering.
+- vLLM (and llama.cpp's converter, which copies the ids to ``eagle3.target_layers``) reads the
+  top-level ``eagle_aux_hidden_state_layer_ids`` as "the hidden state entering layer k" (HF
+  ``hidden_states[k]``), so it gets ``aux_layers + 1``; so does the speculators config, which
+  vLLM reads the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from eyas.extract.capture import default_aux_layers, hf_hidden_state_indices
 from eyas.tensorfile import save_tensors
 from eyas.train.spec import DrafterSpec
 
@@ -24,6 +35,10 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
+LEGACY_WEIGHTS_FILE = "pytorch_model.bin"
+"""The original EAGLE-3 releases ship their weights as a pickled state dict."""
+CHECKPOINT_DTYPE = torch.float32
+"""Training checkpoints and ``train/final`` keep full precision; exports follow the target."""
 
 
 def _rope_keys(spec: DrafterSpec) -> dict[str, Any]:
@@ -36,7 +51,7 @@ def _rope_keys(spec: DrafterSpec) -> dict[str, Any]:
     }
 
 
-def _llama_keys(spec: DrafterSpec) -> dict[str, Any]:
+def _llama_keys(spec: DrafterSpec, dtype: torch.dtype) -> dict[str, Any]:
     return {
         "model_type": "llama",
         "num_hidden_layers": 1,
@@ -53,40 +68,45 @@ def _llama_keys(spec: DrafterSpec) -> dict[str, Any]:
         "tie_word_embeddings": False,
         "attention_bias": False,
         "mlp_bias": False,
-        "torch_dtype": "float32",
+        "torch_dtype": dtype_name(dtype),
     }
 
 
-def sglang_config(spec: DrafterSpec) -> dict[str, Any]:
-    """``config.json`` for SGLang and vLLM (both read this layout)."""
-    layers = list(spec.aux_layers)
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def sglang_config(spec: DrafterSpec, dtype: torch.dtype = CHECKPOINT_DTYPE) -> dict[str, Any]:
+    """``config.json`` for SGLang and vLLM: each reads its own key, in its own numbering."""
     return {
         "architectures": [SGLANG_ARCH],
-        **_llama_keys(spec),
+        **_llama_keys(spec, dtype),
         "draft_vocab_size": spec.draft_vocab_size,
         "target_hidden_size": spec.target_hidden_size,
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": layers, "use_aux_hidden_state": True},
-        "eagle_aux_hidden_state_layer_ids": layers,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(spec.aux_layers), "use_aux_hidden_state": True},
+        "eagle_aux_hidden_state_layer_ids": hf_hidden_state_indices(list(spec.aux_layers)),
     }
 
 
-def speculators_config(spec: DrafterSpec, verifier: str, verifier_architectures: list[str], steps: int) -> dict[str, Any]:
-    """``config.json`` in the speculators ``Eagle3Speculator`` layout."""
+def speculators_config(
+    spec: DrafterSpec, verifier: str, verifier_architectures: list[str], steps: int, dtype: torch.dtype
+) -> dict[str, Any]:
+    """``config.json`` in the speculators ``Eagle3Speculator`` layout (vLLM's layer numbering)."""
     return {
         "architectures": [SPECULATORS_ARCH],
         "speculators_model_type": "eagle3",
-        "transformer_layer_config": {"architectures": ["LlamaForCausalLM"], **_llama_keys(spec)},
+        "transformer_layer_config": {"architectures": ["LlamaForCausalLM"], **_llama_keys(spec, dtype)},
         "draft_vocab_size": spec.draft_vocab_size,
         "norm_before_residual": False,
         "target_hidden_size": spec.target_hidden_size,
-        "eagle_aux_hidden_state_layer_ids": list(spec.aux_layers),
+        "eagle_aux_hidden_state_layer_ids": hf_hidden_state_indices(list(spec.aux_layers)),
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": steps}],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier, "architectures": verifier_architectures},
         },
-        "torch_dtype": "float32",
+        "torch_dtype": dtype_name(dtype),
     }
 
 
@@ -98,18 +118,23 @@ def from_speculators_keys(weights: dict[str, torch.Tensor]) -> dict[str, torch.T
     return {("midlayer." + k[len("layers.0.") :] if k.startswith("layers.0.") else k): v for k, v in weights.items()}
 
 
-def _contiguous(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v.detach().cpu().contiguous() for k, v in weights.items()}
+def _cast(weights: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Contiguous CPU copies, floating tensors in ``dtype`` (``d2t``/``t2d`` keep their integer/bool types)."""
+    return {
+        k: (v.to(dtype) if v.is_floating_point() else v).detach().cpu().contiguous() for k, v in weights.items()
+    }
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def save_sglang(weights: dict[str, torch.Tensor], spec: DrafterSpec, directory: Path) -> None:
+def save_sglang(
+    weights: dict[str, torch.Tensor], spec: DrafterSpec, directory: Path, dtype: torch.dtype = CHECKPOINT_DTYPE
+) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    save_tensors(_contiguous(weights), directory / WEIGHTS_FILE)
-    write_json(directory / CONFIG_FILE, sglang_config(spec))
+    save_tensors(_cast(weights, dtype), directory / WEIGHTS_FILE)
+    write_json(directory / CONFIG_FILE, sglang_config(spec, dtype))
 
 
 def save_speculators(
@@ -119,45 +144,77 @@ def save_speculators(
     verifier: str,
     verifier_architectures: list[str],
     steps: int,
+    dtype: torch.dtype,
 ) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    save_tensors(_contiguous(to_speculators_keys(weights)), directory / WEIGHTS_FILE)
-    write_json(directory / CONFIG_FILE, speculators_config(spec, verifier, verifier_architectures, steps))
+    save_tensors(_cast(to_speculators_keys(weights), dtype), directory / WEIGHTS_FILE)
+    write_json(directory / CONFIG_FILE, speculators_config(spec, verifier, verifier_architectures, steps, dtype))
 
 
-def read_drafter(directory: Path) -> tuple[DrafterSpec, dict[str, torch.Tensor]]:
-    """The spec and weights (SGLang key names) of a drafter directory in any eyas-written layout."""
-    config_path, weights_path = directory / CONFIG_FILE, directory / WEIGHTS_FILE
-    if not config_path.is_file() or not weights_path.is_file():
+def read_drafter(directory: Path, target_layers: int | None = None) -> tuple[DrafterSpec, dict[str, torch.Tensor]]:
+    """The spec and weights (SGLang key names, output-layer ``aux_layers``) of an EAGLE-3 drafter.
+
+    Reads eyas's own layouts and foreign ones: SpecForge/SGLang-style (``eagle_config`` ids),
+    vLLM-style (top-level ids only), speculators, and the original EAGLE-3 releases
+    (``pytorch_model.bin``, no ids: the default layers of a ``target_layers``-layer target).
+    """
+    config_path = directory / CONFIG_FILE
+    weights_path = next((directory / f for f in (WEIGHTS_FILE, LEGACY_WEIGHTS_FILE) if (directory / f).is_file()), None)
+    if not config_path.is_file() or weights_path is None:
         raise FileNotFoundError(f"{directory}: not a drafter directory (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
     config = json.loads(config_path.read_text())
-    weights = load_file(str(weights_path))
+    if weights_path.name == WEIGHTS_FILE:
+        weights = load_file(str(weights_path))
+    else:
+        weights = torch.load(weights_path, map_location="cpu", weights_only=True)
+    # Some trainers save the target's embedding with the drafter; eyas always takes the target's own.
+    weights = {k: v for k, v in weights.items() if k != "embed_tokens.weight"}
     try:
         if config.get("architectures") == [SPECULATORS_ARCH]:
-            spec = _spec_from_keys(config["transformer_layer_config"], config)
-            return spec, from_speculators_keys(weights)
+            layers = aux_layers_of(config, config_path, target_layers)
+            return _spec_from_keys(config["transformer_layer_config"], config, layers), from_speculators_keys(weights)
         if config.get("architectures") == [SGLANG_ARCH]:
-            return _spec_from_keys(config, config), weights
+            return _spec_from_keys(config, config, aux_layers_of(config, config_path, target_layers)), weights
     except KeyError as e:
         raise ValueError(f"{config_path}: missing key {e.args[0]!r}") from None
     raise ValueError(f"{config_path}: architectures must be [{SGLANG_ARCH!r}] or [{SPECULATORS_ARCH!r}]")
 
 
-def _spec_from_keys(llama: dict[str, Any], top: dict[str, Any]) -> DrafterSpec:
+def aux_layers_of(config: dict[str, Any], config_path: Path, target_layers: int | None) -> list[int]:
+    """Output-layer ids from whichever key the config has, in that key's numbering.
+
+    ``eagle_config`` (SGLang's) wins where both exist: it is what SpecForge and SGLang write,
+    and eyas exports before the numbering fix wrote output-layer ids under both keys.
+    """
+    sglang_ids = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    if sglang_ids is not None:
+        return list(sglang_ids)
+    before_layer_ids = config.get("eagle_aux_hidden_state_layer_ids")
+    if before_layer_ids is not None:
+        return [i - 1 for i in before_layer_ids]
+    if target_layers is None:
+        raise ValueError(
+            f"{config_path}: names no eagle_aux_hidden_state_layer_ids; the default layers depend on the target, "
+            "so load it with the target's layer count"
+        )
+    return default_aux_layers(target_layers)
+
+
+def _spec_from_keys(llama: dict[str, Any], top: dict[str, Any], aux_layers: list[int]) -> DrafterSpec:
     """Rebuild the spec from the documented keys (so third-party EAGLE-3 drafters load too)."""
-    rope = {"rope_type": "default", **(llama.get("rope_scaling") or {}), "rope_theta": llama["rope_theta"]}
+    rope = {"rope_type": "default", **(llama.get("rope_scaling") or {}), "rope_theta": llama.get("rope_theta", 10000.0)}
     return DrafterSpec(
         vocab_size=llama["vocab_size"],
         draft_vocab_size=top.get("draft_vocab_size") or llama["vocab_size"],
         hidden_size=llama["hidden_size"],
         intermediate_size=llama["intermediate_size"],
         num_attention_heads=llama["num_attention_heads"],
-        num_key_value_heads=llama["num_key_value_heads"],
+        num_key_value_heads=llama.get("num_key_value_heads") or llama["num_attention_heads"],
         head_dim=llama.get("head_dim") or llama["hidden_size"] // llama["num_attention_heads"],
         rms_norm_eps=llama["rms_norm_eps"],
         rope_parameters=rope,
         max_position_embeddings=llama["max_position_embeddings"],
         target_hidden_size=top.get("target_hidden_size") or llama["hidden_size"],
-        aux_layers=tuple(top["eagle_aux_hidden_state_layer_ids"]),
+        aux_layers=tuple(aux_layers),
         hidden_act=llama.get("hidden_act", "silu"),
     )

@@ -20,7 +20,7 @@ import torch
 
 from eyas.config import ConfigError, RunConfig
 from eyas.console import progress
-from eyas.extract.capture import default_aux_layers, num_decoder_layers
+from eyas.extract.capture import check_aux_layers, default_aux_layers, num_decoder_layers
 from eyas.paths import RunPaths
 from eyas.target import load_model
 from eyas.train import checkpoint
@@ -110,7 +110,12 @@ def build_source(config: RunConfig, paths: RunPaths, model, world: World):
         source = OfflineSource(paths, cfg.max_seq_len, world.device)
         aux_layers = source.aux_layers
     else:
-        aux_layers = config.extract.aux_layers or default_aux_layers(num_decoder_layers(model))
+        num_layers = num_decoder_layers(model)
+        aux_layers = config.extract.aux_layers or default_aux_layers(num_layers)
+        try:
+            check_aux_layers(aux_layers, num_layers)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         samples = read_split(paths, "train", cfg.max_seq_len)
         source = OnlineSource(samples, model, aux_layers, world.device, cache=cfg.cache_states)
     check_sizes(len(source), cfg.batch_size, world.size, str(paths.merge_dir))

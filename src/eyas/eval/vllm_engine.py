@@ -1,0 +1,168 @@
+"""``eval.engine: vllm``: the export served by vLLM itself, its own counters beside eyas's τ.
+
+eyas's in-process eval reads a drafter back in eyas's own conventions, so it cannot see an
+export that a server misreads (layer ids shifted by one, a dtype the server changes). This
+runs the same prompts, as token ids, through vLLM's offline ``LLM`` with the export as its
+EAGLE-3 drafter (:mod:`eyas.eval.vllm_child`, in the interpreter that has vLLM) and compares:
+
+- τ: vLLM's ``1 + accepted / drafts`` against eyas's ``(tokens - 1) / passes`` per prompt,
+  pooled. With identical outputs the two differ only in each prompt's last round: vLLM
+  drafts ``k`` tokens even when fewer fit before ``max_tokens``, and counts drafts accepted
+  past ``max_tokens`` or past the stop token, which eyas never drafts or commits. So vLLM's
+  accepted count exceeds eyas's by at most ``k`` per prompt, and the check allows
+  ``-TOLERANCE <= τ_vllm - τ_eyas <= TOLERANCE + k · prompts / passes``.
+- verification passes: vLLM's draft count must equal eyas's pass count exactly (greedy);
+- outputs: with temperature 0 vLLM's tokens must equal plain greedy decoding on every prompt.
+
+At temperature > 0 the two engines draw different random numbers, so τ is reported side by
+side without the check. vLLM's result is cached in ``eval/vllm-<request hash>.json``: a rerun
+with the same export, prompts and settings does not start vLLM again.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from eyas.config import ConfigError, RunConfig
+from eyas.records import content_hash
+
+log = logging.getLogger(__name__)
+
+CHILD_SCRIPT = Path(__file__).with_name("vllm_child.py")
+METHOD = "eagle3 (vllm)"
+TOLERANCE = 0.02
+ENV_PYTHON = "EYAS_VLLM_PYTHON"
+CHECKOUT_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
+"""Where ``make vllm`` puts vLLM's own environment when eyas runs from a checkout."""
+
+
+class VllmError(RuntimeError):
+    """vLLM could not be started or failed while serving the export."""
+
+
+def vllm_python(configured: str | None) -> str:
+    """The interpreter to run vLLM in: ``eval.vllm_python``, ``$EYAS_VLLM_PYTHON``, this one
+    when it imports vllm, or the checkout's ``.venv-vllm``."""
+    for candidate, source in ((configured, "eval.vllm_python"), (os.environ.get(ENV_PYTHON), ENV_PYTHON)):
+        if candidate:
+            if not Path(candidate).expanduser().is_file():
+                raise ConfigError(f"{source}: {candidate} does not exist")
+            return str(Path(candidate).expanduser())
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    if CHECKOUT_VENV.is_file():
+        return str(CHECKOUT_VENV)
+    raise ConfigError(
+        "eval.engine: vllm needs vLLM, which pins its own torch and transformers: build its environment with "
+        "`make vllm` (.venv-vllm), or point eval.vllm_python / $EYAS_VLLM_PYTHON at a Python that imports vllm"
+    )
+
+
+def serve(config: RunConfig, target_dir: str, draft_dir: Path, prompts: list[list[int]], stop_ids: set[int],
+          dtype: str, out_dir: Path) -> dict:
+    """vLLM's outputs and spec-decode counters for ``prompts`` (cached by request)."""
+    cfg = config.eval
+    request = {
+        "target": target_dir,
+        "draft": str(draft_dir.resolve()),
+        "draft_files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(draft_dir.iterdir()) if p.is_file()],
+        "dtype": dtype,
+        "seed": cfg.seed,
+        # CUDA graphs are captured for batch sizes a short eval never uses; eager is faster to start.
+        "enforce_eager": True,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "num_speculative_tokens": cfg.num_draft_tokens,
+        "temperature": cfg.temperature,
+        "max_tokens": cfg.max_new_tokens,
+        "stop_token_ids": sorted(stop_ids),
+        "prompts": prompts,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result_path = out_dir / f"vllm-{content_hash(request)}.json"
+    if result_path.is_file():
+        return json.loads(result_path.read_text())
+    request_path = result_path.with_suffix(".request.json")
+    request_path.write_text(json.dumps(request))
+    log_path = out_dir / "vllm.log"
+    python = vllm_python(cfg.vllm_python)
+    log.info("eval: serving %s in vLLM (%s); its log is %s", draft_dir, python, log_path)
+    with log_path.open("w") as log_file:
+        done = subprocess.run(
+            [python, str(CHILD_SCRIPT), str(request_path), str(result_path)],
+            stdout=log_file, stderr=subprocess.STDOUT, cwd=out_dir,
+        )
+    request_path.unlink(missing_ok=True)
+    if done.returncode != 0 or not result_path.is_file():
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
+        raise VllmError(f"vLLM exited with {done.returncode} serving {draft_dir}; last lines of {log_path}:\n" + "\n".join(tail))
+    return json.loads(result_path.read_text())
+
+
+def summarize_vllm(result: dict, prompt_ids: list[str], k: int, reference: dict[str, list[int]] | None) -> dict:
+    """vLLM's run in the shape of :func:`eyas.eval.report.summarize`, from vLLM's own counters."""
+    counters = result["counters"]
+    drafts, accepted = counters.get("num_drafts", 0), counters.get("num_accepted_tokens", 0)
+    per_pos = counters.get("num_accepted_tokens_per_pos", [0] * k)
+    tokens = sum(len(o) for o in result["outputs"])
+    seconds = result["generate_seconds"]
+    summary = {
+        "prompts": len(prompt_ids),
+        "tokens": tokens,
+        "target_passes": drafts,
+        "tau": 1 + accepted / drafts if drafts else 1.0,
+        "per_position": [a / drafts if drafts else 0.0 for a in per_pos],
+        "tau_per_dataset": {},
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "speedup": None,
+        "engine": f"vllm {result['vllm_version']}",
+        "load_seconds": result["load_seconds"],
+    }
+    if reference is not None:
+        mismatched = [pid for pid, out in zip(prompt_ids, result["outputs"]) if out != reference[pid]]
+        summary["lossless"] = {"checked": len(prompt_ids), "identical": len(prompt_ids) - len(mismatched), "mismatched": mismatched}
+    return summary
+
+
+def compare(eyas: dict, vllm: dict, k: int, greedy: bool) -> dict:
+    """The agreement check between eyas's τ and vLLM's (see the module docstring)."""
+    passes = eyas["target_passes"]
+    allowed_above = TOLERANCE + (k * eyas["prompts"] / passes if passes else 0.0)
+    difference = vllm["tau"] - eyas["tau"]
+    check = {
+        "eyas_tau": eyas["tau"],
+        "vllm_tau": vllm["tau"],
+        "difference": difference,
+        "allowed": [-TOLERANCE, allowed_above],
+        "eyas_passes": passes,
+        "vllm_drafts": vllm["target_passes"],
+        "problems": [],
+    }
+    if not greedy:
+        check["checked"] = False
+        return check
+    check["checked"] = True
+    if not -TOLERANCE <= difference <= allowed_above:
+        check["problems"].append(
+            f"τ differs: vLLM {vllm['tau']:.3f}, eyas {eyas['tau']:.3f} (allowed {-TOLERANCE:+.2f}..{allowed_above:+.3f}); "
+            "likely cause: vLLM feeds the drafter other layers than eyas trained it on (eagle_aux_hidden_state_layer_ids "
+            "in the export's config.json, read by vLLM as the state entering layer k = eyas's aux_layers + 1) or another dtype"
+        )
+    if passes != vllm["target_passes"]:
+        check["problems"].append(
+            f"verification passes differ: vLLM {vllm['target_passes']}, eyas {passes}; likely cause: the outputs differ "
+            "(see lossless) or vLLM accepted other drafts than eyas for the same drafter"
+        )
+    mismatched = vllm.get("lossless", {}).get("mismatched")
+    if mismatched:
+        check["problems"].append(
+            f"vLLM's greedy outputs differ from plain greedy decoding on {len(mismatched)} prompt(s); likely cause: a "
+            "non-float32 dtype (near-ties flip in bf16) or a target directory vLLM reads differently from transformers"
+        )
+    return check
