@@ -82,3 +82,74 @@ def test_a_missing_vllm_is_a_config_error_that_says_how_to_install_it(monkeypatc
     monkeypatch.setenv(vllm_engine.ENV_PYTHON, str(tmp_path / "no-python"))
     with pytest.raises(ConfigError, match=r"EYAS_VLLM_PYTHON: .*no-python does not exist"):
         vllm_engine.vllm_python(None)
+
+
+def _readme_vllm_command(readme: str) -> str:
+    """The vLLM serve command of an export's README, joined from its continuation lines."""
+    block = readme.split("## vLLM", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    return block.replace("\\\n", " ").strip()
+
+
+@pytest.mark.slow
+def test_the_export_readme_serve_command_runs_as_written(tmp_path, overfit, model):
+    """The vLLM command an export's README prints starts a server that drafts with the export."""
+    import os
+    import socket
+    import time
+    import urllib.request
+
+    import eyas.export
+    from tests.train.conftest import load_tiny
+
+    python = _vllm_or_skip()
+    run_dir = tmp_path / "run"
+    overfit[3].save(run_dir / "train" / "final")
+    out = eyas.export.run(load_tiny(run_dir), "vllm")
+    command = _readme_vllm_command((out / "README.md").read_text())
+    assert command.startswith("python -m vllm.entrypoints.openai.api_server --model ")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # As written, with `python` being the interpreter that has vLLM, on a free loopback port.
+    shell = f"{command} --host 127.0.0.1 --port {port}"
+    env = {**os.environ, "PATH": f"{os.path.dirname(python)}:{os.environ['PATH']}", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    server = subprocess.Popen(shell, shell=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            assert server.poll() is None, f"the server exited ({server.returncode}): {shell}"
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not come up in 10 minutes"
+                time.sleep(2)
+        # ignore_eos (a vLLM extension): 16 tokens, so there are rounds to draft in whatever the answer.
+        body = json.dumps({"model": _served_model(base), "prompt": "The capital of France is", "max_tokens": 16,
+                           "temperature": 0, "ignore_eos": True})
+        request = urllib.request.Request(f"{base}/v1/completions", body.encode(), {"Content-Type": "application/json"})
+        answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
+        assert answer["usage"]["completion_tokens"] == 16
+        # The server publishes its counters on its stats interval, a few seconds after the request.
+        deadline = time.monotonic() + 60
+        while _drafts(base) == 0 and time.monotonic() < deadline:
+            time.sleep(2)
+        assert _drafts(base) > 0, "the server did not draft with the export"
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(timeout=60)
+
+
+def _served_model(base: str) -> str:
+    import urllib.request
+
+    return json.loads(urllib.request.urlopen(f"{base}/v1/models", timeout=10).read())["data"][0]["id"]
+
+
+def _drafts(base: str) -> float:
+    import urllib.request
+
+    metrics = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    lines = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts_total")]
+    return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0

@@ -88,7 +88,7 @@ def engine_check_line(report: dict) -> str | None:
     )
     if not check["checked"]:
         return f"{figures}: not checked at temperature > 0 (the engines draw different random numbers)"
-    return f"{figures}: " + ("agree" if not check["problems"] else "DISAGREE — " + "; ".join(check["problems"]))
+    return f"{figures}: " + ("agree" if not check["problems"] else f"DISAGREE ({len(check['problems'])} problems, below)")
 
 
 def write_report(path: Path, report: dict) -> None:
