@@ -78,11 +78,10 @@ def run(
     model = load_model(config.target)
     drafter = load_drafter(draft_dir, model)
     eval_prompts = load_eval_prompts(config, tokenizer, prompts)
-    proposers = [PromptLookup(cfg.lookup_max_ngram), EagleProposer(drafter, sample_drafts=cfg.draft_sampling == "sample")]
+    sample_drafts = cfg.draft_sampling == "sample"
+    proposers = [PromptLookup(cfg.lookup_max_ngram), EagleProposer(drafter, sample_drafts=sample_drafts)]
     if cfg.broken_control:
-        proposers.append(
-            EagleProposer(drafter, "eagle3_broken_aux_order", BROKEN_ORDER, sample_drafts=cfg.draft_sampling == "sample")
-        )
+        proposers.append(EagleProposer(drafter, "eagle3_broken_aux_order", BROKEN_ORDER, sample_drafts=sample_drafts))
     stop_ids = {end_of_turn_id(tokenizer)} | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
     settings = {
