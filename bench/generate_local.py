@@ -1,7 +1,9 @@
-"""Local generation throughput: batched (left-padded, length-sorted) vs one prompt at a time.
+"""Local generation throughput: batched (left-padded, length-sorted) vs one prompt at a time,
+and the vLLM backend (continuous batching) at the same batch size where vLLM is installed.
 
-Same prompts, same model (the embedded SmolLM2-135M-Instruct), same greedy settings; both
-runs in one process so the ratio holds even when absolute speed drifts on a shared machine.
+Same prompts, same model (the embedded SmolLM2-135M-Instruct), same greedy settings; all
+runs in one invocation so the ratios hold even when absolute speed drifts on a shared machine.
+vLLM's engine start is timed apart from its generation (it happens once per `eyas generate`).
 
     .venv/bin/python bench/generate_local.py [--prompts 32] [--max-tokens 64] [--batch-size 16]
 """
@@ -9,14 +11,18 @@ runs in one process so the ratio holds even when absolute speed drifts on a shar
 from __future__ import annotations
 
 import argparse
+import tempfile
 import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from eyas.config import GenerateConfig, TargetConfig
+from eyas.config import ConfigError, GenerateConfig, RunConfig, TargetConfig
 from eyas.generate.local import Job, LocalGenerator, run_jobs
+from eyas.generate.vllm_backend import VllmGenerator
 from eyas.target import end_of_turn_id, load_model, load_tokenizer
+from eyas.vllm_process import vllm_python
 
 TOPICS = ["rain", "volcanoes", "bread", "chess", "the moon", "bees", "rivers", "jazz",
           "glaciers", "paper", "bicycles", "tea", "owls", "deserts", "clocks", "salt"]
@@ -27,7 +33,7 @@ def questions(n: int) -> list[str]:
     return [forms[i % len(forms)].format(TOPICS[i % len(TOPICS)]) for i in range(n)]
 
 
-def measure(generator: LocalGenerator, jobs: list[Job]) -> tuple[int, float]:
+def measure(generator, jobs: list[Job]) -> tuple[int, float]:
     tokens = 0
 
     def count(_job, completion):
@@ -48,23 +54,39 @@ def main() -> None:
 
     target = TargetConfig(device="cpu")
     tokenizer, model = load_tokenizer(target), load_model(target)
+    end = end_of_turn_id(tokenizer)
+    jobs = [Job(i, [{"role": "user", "content": q}], []) for i, q in enumerate(questions(args.prompts))]
     rows = []
     for batch_size in (1, args.batch_size):
         settings = GenerateConfig(max_tokens=args.max_tokens, batch_size=batch_size)
-        generator = LocalGenerator(model, tokenizer, end_of_turn_id(tokenizer), settings)
-        jobs = [Job(i, [{"role": "user", "content": q}], []) for i, q in enumerate(questions(args.prompts))]
+        generator = LocalGenerator(model, tokenizer, end, settings)
         for job in jobs:
             job.prompt_ids = generator.encode_prompt(job.messages)
         tokens, seconds = measure(generator, jobs)
-        rows.append((batch_size, tokens, seconds))
+        rows.append((f"transformers (local), batch {batch_size}", tokens, seconds))
+    try:
+        vllm_python(None)
+    except ConfigError as e:
+        Console().print(f"vLLM row skipped: {e}")
+    else:
+        config = RunConfig.model_validate({
+            "run_dir": tempfile.mkdtemp(), "target": {"device": "cpu"},
+            "generate": {"backend": "vllm", "max_tokens": args.max_tokens, "batch_size": args.batch_size},
+        })
+        started = time.perf_counter()
+        with VllmGenerator(config, tokenizer, end, {end}, "float32", Path(config.run_dir) / "vllm.log") as generator:
+            generator.generate_batch([jobs[0].prompt_ids], 0, 1)  # waits for the engine to be up
+            Console().print(f"vLLM engine start: {time.perf_counter() - started:.1f} s (once per run, not in the row)")
+            tokens, seconds = measure(generator, jobs)
+        rows.append((f"vLLM, batch {args.batch_size}", tokens, seconds))
 
     table = Table(title=f"local generation, {args.prompts} prompts, ≤{args.max_tokens} new tokens, greedy")
-    for col in ("batch size", "tokens", "seconds", "tokens/s", "vs one at a time"):
+    for col in ("backend", "tokens", "seconds", "tokens/s", "vs one at a time"):
         table.add_column(col, justify="right")
     base = rows[0][1] / rows[0][2]
-    for batch_size, tokens, seconds in rows:
+    for name, tokens, seconds in rows:
         rate = tokens / seconds
-        table.add_row(str(batch_size), f"{tokens:,}", f"{seconds:.1f}", f"{rate:.1f}", f"{rate / base:.2f}×")
+        table.add_row(name, f"{tokens:,}", f"{seconds:.1f}", f"{rate:.1f}", f"{rate / base:.2f}×")
     Console().print(table)
 
 

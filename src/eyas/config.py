@@ -46,6 +46,8 @@ class TargetConfig(Section):
     """Weights dtype: `auto` is bfloat16 on GPU and float32 on CPU."""
     device: str = "auto"
     """`auto` (cuda when available, else cpu), `cpu`, `cuda`, or `cuda:N`."""
+    vllm_python: str | None = None
+    """Python that imports vllm, for stages that run the target in vLLM (default $EYAS_VLLM_PYTHON, this interpreter, or the checkout's .venv-vllm from `make vllm`)."""
 
 
 class DatasetConfig(Section):
@@ -126,8 +128,8 @@ class Prices(Section):
 
 
 class GenerateConfig(Section):
-    backend: Literal["local", "openai"] = "local"
-    """`local`: the target in-process with transformers. `openai`: any OpenAI-compatible HTTP API."""
+    backend: Literal["local", "vllm", "openai"] = "local"
+    """`local`: the target in-process with transformers. `vllm`: the target in vLLM's LLM class (its own environment, `make vllm`). `openai`: any OpenAI-compatible HTTP API."""
     max_tokens: int = Field(default=512, ge=1)
     """Maximum completion tokens per request (reasoning included)."""
     temperature: float = Field(default=0.0, ge=0.0)
@@ -139,7 +141,9 @@ class GenerateConfig(Section):
     stop: list[str] = []
     """Extra stop strings."""
     batch_size: int = Field(default=16, ge=1)
-    """Local backend: prompts per forward batch (left-padded, sorted by length)."""
+    """Local and vLLM backends: prompts per batch (local: left-padded, sorted by length; vLLM batches continuously within it)."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """vLLM backend: GPUs the target is split over."""
     base_url: str | None = None
     """OpenAI backend: API base URL, e.g. https://openrouter.ai/api/v1 or http://127.0.0.1:8000/v1."""
     base_urls: list[str] | None = None
@@ -292,8 +296,6 @@ class EvalConfig(Section):
     """At temperature > 0: `greedy` drafts the drafter's argmax and accepts it with the target's probability of it (what vLLM does, so τ is the one a server shows); `sample` samples drafts and accepts with min(1, p/q)."""
     engine: Literal["eyas", "vllm"] = "eyas"
     """`vllm`: also serve the vLLM export in vLLM itself and check its τ, passes and outputs against eyas's."""
-    vllm_python: str | None = None
-    """Python that imports vllm (default $EYAS_VLLM_PYTHON, this interpreter, or the checkout's .venv-vllm from `make vllm`)."""
     tensor_parallel_size: int = Field(default=1, ge=1)
     """vLLM tensor parallelism for eval.engine: vllm (GPUs the target is split over)."""
     prompts: str | None = None

@@ -14,6 +14,7 @@ import pytest
 
 from eyas.config import ConfigError
 from eyas.eval import vllm_engine
+from eyas.vllm_process import ENV_PYTHON, vllm_python
 from tests.conftest import write_jsonl
 from tests.train.conftest import subprocess_env
 
@@ -22,7 +23,7 @@ from .overfit import OVERFIT_NEW, TEXTS
 
 def _vllm_or_skip() -> str:
     try:
-        return vllm_engine.vllm_python(None)
+        return vllm_python(None)
     except ConfigError as e:
         pytest.skip(str(e))
 
@@ -79,9 +80,9 @@ def test_a_second_run_reuses_vllms_result(vllm_run):
 
 
 def test_a_missing_vllm_is_a_config_error_that_says_how_to_install_it(monkeypatch, tmp_path):
-    monkeypatch.setenv(vllm_engine.ENV_PYTHON, str(tmp_path / "no-python"))
+    monkeypatch.setenv(ENV_PYTHON, str(tmp_path / "no-python"))
     with pytest.raises(ConfigError, match=r"EYAS_VLLM_PYTHON: .*no-python does not exist"):
-        vllm_engine.vllm_python(None)
+        vllm_python(None)
 
 
 def _readme_vllm_command(readme: str) -> str:

@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["run", "default_draft_dir", "engine_failures", "lossless_failures"]
 
-ENGINE_ONLY_KEYS = {"max_prompts", "engine", "vllm_python", "tensor_parallel_size"}
+ENGINE_ONLY_KEYS = {"max_prompts", "engine", "tensor_parallel_size"}
 """Eval settings that do not change eyas's own per-prompt results (so changing them reuses them)."""
 
 

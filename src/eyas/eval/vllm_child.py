@@ -19,6 +19,10 @@ import os
 import sys
 import time
 
+# Run as a script, this file's folder comes first on sys.path, where eyas's own modules
+# (generate/http, ...) would shadow the standard library and vLLM; drop it.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
 METRIC_PREFIX = "vllm:spec_decode_"
 
 

@@ -21,47 +21,20 @@ with the same export, prompts and settings does not start vLLM again.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-from eyas.config import ConfigError, RunConfig
+from eyas.config import RunConfig
 from eyas.records import content_hash
+from eyas.vllm_process import VllmError, log_tail, vllm_python
 
 log = logging.getLogger(__name__)
 
 CHILD_SCRIPT = Path(__file__).with_name("vllm_child.py")
 METHOD = "eagle3 (vllm)"
 TOLERANCE = 0.02
-ENV_PYTHON = "EYAS_VLLM_PYTHON"
-CHECKOUT_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm" / "bin" / "python"
-"""Where ``make vllm`` puts vLLM's own environment when eyas runs from a checkout."""
-
-
-class VllmError(RuntimeError):
-    """vLLM could not be started or failed while serving the export."""
-
-
-def vllm_python(configured: str | None) -> str:
-    """The interpreter to run vLLM in: ``eval.vllm_python``, ``$EYAS_VLLM_PYTHON``, this one
-    when it imports vllm, or the checkout's ``.venv-vllm``."""
-    for candidate, source in ((configured, "eval.vllm_python"), (os.environ.get(ENV_PYTHON), ENV_PYTHON)):
-        if candidate:
-            if not Path(candidate).expanduser().is_file():
-                raise ConfigError(f"{source}: {candidate} does not exist")
-            return str(Path(candidate).expanduser())
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    if CHECKOUT_VENV.is_file():
-        return str(CHECKOUT_VENV)
-    raise ConfigError(
-        "eval.engine: vllm needs vLLM, which pins its own torch and transformers: build its environment with "
-        "`make vllm` (.venv-vllm), or point eval.vllm_python / $EYAS_VLLM_PYTHON at a Python that imports vllm"
-    )
 
 
 def serve(config: RunConfig, target_dir: str, draft_dir: Path, prompts: list[list[int]], stop_ids: set[int],
@@ -90,7 +63,7 @@ def serve(config: RunConfig, target_dir: str, draft_dir: Path, prompts: list[lis
     request_path = result_path.with_suffix(".request.json")
     request_path.write_text(json.dumps(request))
     log_path = out_dir / "vllm.log"
-    python = vllm_python(cfg.vllm_python)
+    python = vllm_python(config.target.vllm_python)
     log.info("eval: serving %s in vLLM (%s); its log is %s", draft_dir, python, log_path)
     with log_path.open("w") as log_file:
         done = subprocess.run(
@@ -99,8 +72,7 @@ def serve(config: RunConfig, target_dir: str, draft_dir: Path, prompts: list[lis
         )
     request_path.unlink(missing_ok=True)
     if done.returncode != 0 or not result_path.is_file():
-        tail = log_path.read_text(errors="replace").strip().splitlines()[-15:]
-        raise VllmError(f"vLLM exited with {done.returncode} serving {draft_dir}; last lines of {log_path}:\n" + "\n".join(tail))
+        raise VllmError(f"vLLM exited with {done.returncode} serving {draft_dir}; last lines of {log_path}:\n{log_tail(log_path)}")
     return json.loads(result_path.read_text())
 
 

@@ -8,8 +8,11 @@ run resumes with exactly one record per prompt.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from eyas.config import RunConfig
 from eyas.console import progress
@@ -17,6 +20,9 @@ from eyas.generate.store import RecordWriter, conversation_for, make_record, sca
 from eyas.paths import RunPaths
 from eyas.prompts import iter_prompts
 from eyas.records import PromptRecord
+
+if TYPE_CHECKING:
+    from eyas.generate.local import BatchGenerator
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +51,42 @@ def sampling_settings(config: RunConfig) -> dict:
 def run(config: RunConfig, quiet: bool = False) -> None:
     paths = RunPaths.of(config)
     settings_guard(paths.generate_dir / "settings.json", sampling_settings(config))
-    if config.generate.backend == "local":
-        _run_local(config, paths, quiet)
-    else:
+    if config.generate.backend == "openai":
         from eyas.generate.http import run_http
 
         run_http(config, paths, quiet)
+    else:
+        _run_in_house(config, paths, quiet)
 
 
-def _run_local(config: RunConfig, paths: RunPaths, quiet: bool) -> None:
-    from eyas.generate.local import Job, LocalGenerator, run_jobs, usage_of
-    from eyas.target import end_of_turn_id, load_model, load_tokenizer
+@contextlib.contextmanager
+def _generator(config: RunConfig, paths: RunPaths, tokenizer) -> Iterator[BatchGenerator]:
+    """The target as ``generate.backend`` runs it: in-process with transformers, or in vLLM."""
+    from eyas.generate.local import LocalGenerator
+    from eyas.target import end_of_turn_id, load_model, pick_device, pick_dtype
 
-    tokenizer = load_tokenizer(config.target)
-    model = load_model(config.target)
-    generator = LocalGenerator(model, tokenizer, end_of_turn_id(tokenizer), config.generate)
+    end = end_of_turn_id(tokenizer)
+    if config.generate.backend == "vllm":
+        from eyas.generate.vllm_backend import VllmGenerator
+
+        dtype = str(pick_dtype(config.target, pick_device(config.target))).removeprefix("torch.")
+        with VllmGenerator(config, tokenizer, end, {end}, dtype, paths.generate_dir / "vllm.log") as generator:
+            yield generator
+    else:
+        yield LocalGenerator(load_model(config.target), tokenizer, end, config.generate)
+
+
+def _run_in_house(config: RunConfig, paths: RunPaths, quiet: bool) -> None:
+    """The local and vLLM backends: length-sorted batches of the target's own sampled ids."""
+    from eyas.target import load_tokenizer
+
+    with _generator(config, paths, load_tokenizer(config.target)) as generator:
+        _generate_datasets(config, paths, quiet, generator)
+
+
+def _generate_datasets(config: RunConfig, paths: RunPaths, quiet: bool, generator: BatchGenerator) -> None:
+    from eyas.generate.local import Job, run_jobs, usage_of
+
     for dataset in config.datasets:
         state = scan(paths.generations(dataset.name))
         pending: list[PromptRecord] = [p for p in iter_prompts(dataset) if p.record_id not in state.done]
@@ -81,7 +108,7 @@ def _run_local(config: RunConfig, paths: RunPaths, quiet: bool) -> None:
                         content=completion.text,
                         finish_reason=completion.finish_reason,
                         model=config.target.model,
-                        provider="local",
+                        provider=config.generate.backend,
                         usage=usage_of(completion),
                         token_ids=completion.token_ids,
                     )

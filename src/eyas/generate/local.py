@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -30,21 +31,39 @@ class Completion:
     prompt_tokens: int
 
 
-class LocalGenerator:
-    """Batched generation with a loaded model and tokenizer."""
+class ChatCodec:
+    """The tokenizer side every in-house generator shares: prompts to ids, ids to completions."""
 
-    def __init__(self, model, tokenizer, end_of_turn: int, settings: GenerateConfig):
-        self.model = model
+    def __init__(self, tokenizer, end_of_turn: int, settings: GenerateConfig):
         self.tokenizer = tokenizer
         self.end_of_turn = end_of_turn
         self.settings = settings
-        self.device = next(model.parameters()).device
 
     def encode_prompt(self, messages: list[dict], tools: list | None = None) -> list[int]:
         text = self.tokenizer.apply_chat_template(
             messages, tools=tools, add_generation_prompt=True, tokenize=False
         )
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _completion(self, new_ids: list[int], prompt_tokens: int, max_tokens: int) -> Completion:
+        if self.end_of_turn in new_ids:
+            ids = new_ids[: new_ids.index(self.end_of_turn) + 1]
+            body, reason = ids[:-1], "stop"
+        else:
+            ids = body = _strip_padding(new_ids, self.tokenizer.pad_token_id)
+            # Shorter than max_tokens without an end of turn: a configured stop string ended it.
+            reason = "length" if len(ids) >= max_tokens else "stop"
+        text = self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return Completion(ids, text, reason, prompt_tokens)
+
+
+class LocalGenerator(ChatCodec):
+    """Batched generation with a loaded model and tokenizer."""
+
+    def __init__(self, model, tokenizer, end_of_turn: int, settings: GenerateConfig):
+        super().__init__(tokenizer, end_of_turn, settings)
+        self.model = model
+        self.device = next(model.parameters()).device
 
     @torch.inference_mode()
     def generate_batch(self, prompts: Sequence[list[int]], seed: int, max_tokens: int | None = None) -> list[Completion]:
@@ -73,17 +92,6 @@ class LocalGenerator:
         )
         return [self._completion(row[width:].tolist(), len(p), max_tokens or s.max_tokens) for row, p in zip(out, prompts)]
 
-    def _completion(self, new_ids: list[int], prompt_tokens: int, max_tokens: int) -> Completion:
-        if self.end_of_turn in new_ids:
-            ids = new_ids[: new_ids.index(self.end_of_turn) + 1]
-            body, reason = ids[:-1], "stop"
-        else:
-            ids = body = _strip_padding(new_ids, self.tokenizer.pad_token_id)
-            # Shorter than max_tokens without an end of turn: a configured stop string ended it.
-            reason = "length" if len(ids) >= max_tokens else "stop"
-        text = self.tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        return Completion(ids, text, reason, prompt_tokens)
-
 
 def _strip_padding(ids: list[int], pad: int) -> list[int]:
     end = len(ids)
@@ -101,8 +109,16 @@ class Job:
     prompt_ids: list[int]
 
 
+class BatchGenerator(Protocol):
+    """What :func:`run_jobs` drives: the transformers generator here, or the vLLM one."""
+
+    settings: GenerateConfig
+
+    def generate_batch(self, prompts: Sequence[list[int]], seed: int, max_tokens: int | None = None) -> list[Completion]: ...
+
+
 def run_jobs(
-    generator: LocalGenerator,
+    generator: BatchGenerator,
     jobs: list[Job],
     on_done: Callable[[Job, Completion], None],
     *,

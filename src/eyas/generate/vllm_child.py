@@ -1,0 +1,58 @@
+"""Generates batches with vLLM for eyas's ``generate.backend: vllm``; a script, not a module.
+
+``python vllm_child.py SETTINGS.json RESULT_FD`` under an interpreter that has vLLM (it imports
+nothing from eyas; see :mod:`eyas.vllm_process`). The engine starts once; then each line on
+stdin is a batch (``{"prompts": [[ids]], "seeds": [...], "max_tokens": N}``) and each line
+written to file descriptor ``RESULT_FD`` is its answer (``{"outputs": [[ids]]}``), generated
+ids with the stop token included. Results go to their own descriptor because vLLM logs to
+stdout. vLLM batches the prompts itself (continuous batching).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+# Run as a script, this file's folder comes first on sys.path, where eyas's own modules
+# (generate/http, ...) would shadow the standard library and vLLM; drop it.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+def main(settings_path: str, result_fd: int) -> None:
+    # 1 GiB of KV cache serves a small target on CPU; vLLM's default (4 GiB) is set aside whole.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    settings = json.loads(open(settings_path).read())
+    llm = LLM(
+        model=settings["target"],
+        dtype=settings["dtype"],
+        enforce_eager=True,
+        tensor_parallel_size=settings["tensor_parallel_size"],
+        seed=settings["seed"],
+    )
+    results = os.fdopen(result_fd, "w")
+    for line in sys.stdin:
+        batch = json.loads(line)
+        params = [
+            SamplingParams(
+                temperature=settings["temperature"],
+                top_p=settings["top_p"],
+                max_tokens=batch["max_tokens"],
+                stop_token_ids=settings["stop_token_ids"],
+                stop=settings["stop"] or None,
+                include_stop_str_in_output=True,
+                seed=seed if settings["temperature"] > 0 else None,
+                detokenize=bool(settings["stop"]),
+            )
+            for seed in batch["seeds"]
+        ]
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in batch["prompts"]], params, use_tqdm=False)
+        results.write(json.dumps({"outputs": [list(o.outputs[0].token_ids) for o in outputs]}) + "\n")
+        results.flush()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]))
