@@ -31,6 +31,7 @@ class VllmGenerator(ChatCodec):
         from eyas.target import resolve_target
 
         g = config.generate
+        python = vllm_python(config.target.vllm_python)
         self._settings_file = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
         json.dump(
             {
@@ -51,7 +52,7 @@ class VllmGenerator(ChatCodec):
         read_fd, write_fd = os.pipe()
         with log_path.open("a") as log_file:
             self._process = subprocess.Popen(
-                [vllm_python(config.target.vllm_python), str(CHILD_SCRIPT), self._settings_file.name, str(write_fd)],
+                [python, str(CHILD_SCRIPT), self._settings_file.name, str(write_fd)],
                 stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(write_fd,), text=True,
             )
         os.close(write_fd)
