@@ -24,7 +24,7 @@ import torch
 
 from eyas import extract, merge
 from eyas.config import RunConfig
-from eyas.extract.capture import default_aux_layers, num_decoder_layers
+from eyas.target.capture import default_aux_layers, num_decoder_layers
 from eyas.merge.reader import iter_split
 from eyas.paths import RunPaths
 from eyas.records import tokenized_arrow_schema

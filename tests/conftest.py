@@ -44,3 +44,14 @@ def write_jsonl(path: Path, rows: list) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
     return path
+
+
+def vllm_or_skip() -> str:
+    """vLLM's interpreter, or skip saying why (``make test`` builds ``.venv-vllm``, so there it runs)."""
+    from eyas.config import ConfigError
+    from eyas.target.vllm import vllm_python
+
+    try:
+        return vllm_python(None)
+    except ConfigError as e:
+        pytest.skip(str(e))

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from eyas.config import ConfigError, RunConfig, dump_config, load_config
-from eyas.vllm_process import VllmError
+from eyas.target.vllm import VllmError
 from eyas.console import console, setup_logging
 from eyas.generate.http.errors import RunStopped
 from eyas.jsonl import JsonlError

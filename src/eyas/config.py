@@ -224,6 +224,14 @@ class MergeConfig(Section):
 class ExtractConfig(Section):
     mode: Literal["offline", "online"] = "offline"
     """`offline`: write hidden-state shards. `online`: training computes them on the fly."""
+    engine: Literal["transformers", "vllm"] = "transformers"
+    """`transformers`: one replica of the target per rank (torchrun). `vllm`: the target in vLLM, split over GPUs by the parallel sizes below (for targets larger than one device; `make vllm` or target.vllm_python)."""
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    """engine vllm: GPUs each layer is split over."""
+    pipeline_parallel_size: int = Field(default=1, ge=1)
+    """engine vllm: stages the layers are split into (multi-node)."""
+    expert_parallel: bool = False
+    """engine vllm: place MoE experts whole on GPUs instead of splitting each (vLLM's enable_expert_parallel)."""
     aux_layers: list[int] | None = None
     """0-based decoder layers whose outputs are captured; default [1, L//2-1, L-4]; three, ascending, each at most L-2."""
     dtype: Literal["bf16", "fp8"] = "bf16"
@@ -236,6 +244,12 @@ class ExtractConfig(Section):
     """Tokens per shard file; default about 1 GiB of states per shard."""
     throughput_tokens_per_s: float | None = Field(default=None, gt=0.0)
     """Estimate: extraction throughput to assume when none was measured."""
+
+    @model_validator(mode="after")
+    def _online_runs_in_the_trainer(self) -> ExtractConfig:
+        if self.mode == "online" and self.engine == "vllm":
+            raise ValueError("engine 'vllm' writes shards; mode 'online' runs the target inside the trainer with transformers")
+        return self
 
 
 class TrainConfig(Section):

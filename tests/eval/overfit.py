@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from eyas.config import TrainConfig
-from eyas.extract.capture import capture, default_aux_layers, num_decoder_layers
+from eyas.target.capture import capture, default_aux_layers, num_decoder_layers
 from eyas.train.drafter import Eagle3Drafter
 from eyas.train.spec import spec_for_target
 

@@ -14,23 +14,16 @@ import pytest
 
 from eyas.config import ConfigError
 from eyas.eval import vllm_engine
-from eyas.vllm_process import ENV_PYTHON, vllm_python
-from tests.conftest import write_jsonl
+from eyas.target.vllm import ENV_PYTHON, vllm_python
+from tests.conftest import vllm_or_skip, write_jsonl
 from tests.train.conftest import subprocess_env
 
 from .overfit import OVERFIT_NEW, TEXTS
 
 
-def _vllm_or_skip() -> str:
-    try:
-        return vllm_python(None)
-    except ConfigError as e:
-        pytest.skip(str(e))
-
-
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory, overfit):
-    _vllm_or_skip()
+    vllm_or_skip()
     root = tmp_path_factory.mktemp("vllmrun")
     overfit[3].save(root / "draft")
     write_jsonl(root / "prompts.jsonl", [{"prompt": t} for t in TEXTS])
@@ -102,7 +95,7 @@ def test_the_export_readme_serve_command_runs_as_written(tmp_path, overfit, mode
     import eyas.export
     from tests.train.conftest import load_tiny
 
-    python = _vllm_or_skip()
+    python = vllm_or_skip()
     run_dir = tmp_path / "run"
     overfit[3].save(run_dir / "train" / "final")
     out = eyas.export.run(load_tiny(run_dir), "vllm")

@@ -30,11 +30,10 @@ def env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def test_killed_extract_resumes_without_redoing_finished_shards(merged_run, tmp_path):
-    config = write_config(merged_run, tmp_path / "run.yaml", shard_tokens=1)  # one sample per shard
-    hidden = RunPaths.of(merged_run).hidden_dir
+def kill_after_first_shard(config: Path, hidden: Path) -> dict[Path, int]:
+    """Start ``eyas extract``, SIGKILL it once a shard is finished; the finished shards' mtimes."""
     proc = subprocess.Popen([sys.executable, "-m", "eyas", "extract", str(config), "-q"], env=env(), cwd=ROOT)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while not (hidden / "shard-00000.json").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
@@ -45,13 +44,23 @@ def test_killed_extract_resumes_without_redoing_finished_shards(merged_run, tmp_
         for p in (done[-1], done[-1].with_suffix(".safetensors")):
             p.unlink()
         done = done[:-1]
-    finished = {p.with_suffix(".safetensors"): p.with_suffix(".safetensors").stat().st_mtime_ns for p in done}
+    return {p.with_suffix(".safetensors"): p.with_suffix(".safetensors").stat().st_mtime_ns for p in done}
 
+
+def resume(config: Path, merged_run, finished: dict[Path, int]) -> HiddenStates:
+    """Rerun ``eyas extract``; it must leave the finished shards alone and complete the set."""
     subprocess.run([sys.executable, "-m", "eyas", "extract", str(config), "-q"], env=env(), cwd=ROOT, check=True)
     assert {p: p.stat().st_mtime_ns for p in finished} == finished
+    hidden = RunPaths.of(merged_run).hidden_dir
     states = HiddenStates(hidden)
     assert len(states) == 6 and states.verify() == [] and not list(hidden.glob("*.tmp-*"))
     assert [states[i].id for i in range(6)] == [r["id"] for r in iter_split(RunPaths.of(merged_run), "train")]
+    return states
+
+
+def test_killed_extract_resumes_without_redoing_finished_shards(merged_run, tmp_path):
+    config = write_config(merged_run, tmp_path / "run.yaml", shard_tokens=1)  # one sample per shard
+    resume(config, merged_run, kill_after_first_shard(config, RunPaths.of(merged_run).hidden_dir))
 
 
 def test_torchrun_ranks_write_their_own_shards(merged_run, tmp_path):

@@ -8,20 +8,17 @@ from __future__ import annotations
 import pytest
 
 from eyas import generate
-from eyas.config import ConfigError, load_config
+from eyas.config import load_config
 from eyas.generate.store import read_records
 from eyas.paths import RunPaths
-from eyas.vllm_process import vllm_python
+from tests.conftest import vllm_or_skip
 
 from .test_local import make_config
 
 
 @pytest.mark.slow
 def test_vllm_generates_the_local_backends_greedy_ids_and_resumes(tmp_path):
-    try:
-        vllm_python(None)
-    except ConfigError as e:
-        pytest.skip(str(e))
+    vllm_or_skip()
     (tmp_path / "local").mkdir()
     (tmp_path / "vllm").mkdir()
     local = load_config(make_config(tmp_path / "local", n=4, max_tokens=24))

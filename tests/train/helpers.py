@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from eyas.config import TrainConfig
-from eyas.extract.capture import default_aux_layers, num_decoder_layers
+from eyas.target.capture import default_aux_layers, num_decoder_layers
 from eyas.train.drafter import Eagle3Drafter
 from eyas.train.spec import spec_for_target
 

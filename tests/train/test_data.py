@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import eyas.train
-from eyas.extract.capture import capture, default_aux_layers
+from eyas.target.capture import capture, default_aux_layers
 from eyas.train.data import OnlineSource, Sample
 from eyas.train.metrics import read_metrics
 from tests.train.conftest import copy_run, load_tiny

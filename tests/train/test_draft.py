@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eyas.extract.capture import capture
+from eyas.target.capture import capture
 from eyas.train.draft import DraftSession
 from tests.train.helpers import small_drafter
 

@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 
 from eyas.eval.sampling import sample_token, target_probs, verify_greedy, verify_sampled
-from eyas.extract.capture import decoder_layers
+from eyas.target.capture import decoder_layers
 
 
 class Proposer(Protocol):

@@ -3,7 +3,7 @@
 eyas's in-process eval reads a drafter back in eyas's own conventions, so it cannot see an
 export that a server misreads (layer ids shifted by one, a dtype the server changes). This
 runs the same prompts, as token ids, through vLLM's offline ``LLM`` with the export as its
-EAGLE-3 drafter (:mod:`eyas.eval.vllm_child`, in the interpreter that has vLLM) and compares:
+EAGLE-3 drafter (``target/vllm/eval_child.py``, in the interpreter that has vLLM) and compares:
 
 - τ: vLLM's ``1 + accepted / drafts`` against eyas's ``(tokens - 1) / passes`` per prompt,
   pooled. With identical outputs the two differ only in each prompt's last round: vLLM
@@ -28,11 +28,11 @@ from pathlib import Path
 
 from eyas.config import RunConfig
 from eyas.records import content_hash
-from eyas.vllm_process import VllmError, log_tail, vllm_python
+from eyas.target.vllm import VllmError, child_script, log_tail, vllm_python
 
 log = logging.getLogger(__name__)
 
-CHILD_SCRIPT = Path(__file__).with_name("vllm_child.py")
+
 METHOD = "eagle3 (vllm)"
 TOLERANCE = 0.02
 
@@ -67,7 +67,7 @@ def serve(config: RunConfig, target_dir: str, draft_dir: Path, prompts: list[lis
     log.info("eval: serving %s in vLLM (%s); its log is %s", draft_dir, python, log_path)
     with log_path.open("w") as log_file:
         done = subprocess.run(
-            [python, str(CHILD_SCRIPT), str(request_path), str(result_path)],
+            [python, child_script("eval"), str(request_path), str(result_path)],
             stdout=log_file, stderr=subprocess.STDOUT, cwd=out_dir,
         )
     request_path.unlink(missing_ok=True)

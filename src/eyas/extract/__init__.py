@@ -5,7 +5,7 @@ Consumes the merged train split (``<run_dir>/merge/train-*.parquet``) and the ta
 samples each, see :mod:`eyas.extract.storage`) and ``index.json`` (layers and their HF
 ``output_hidden_states`` indices, dtype, shapes, shards with checksums, measured tokens/s);
 :class:`eyas.extract.reader.HiddenStates` reads them by sample. ``online`` writes nothing:
-training calls :func:`eyas.extract.capture.capture`, the same code, on the fly.
+training calls :func:`eyas.target.capture.capture`, the same code, on the fly.
 
 Guarantees: the captured layers are the outputs of 0-based decoder layers ``aux_layers``
 (default ``[1, L//2-1, L-4]`` = HF ``hidden_states[2, L//2, L-3]``) and the final state is

@@ -19,8 +19,8 @@ import torch
 from eyas.config import ConfigError, RunConfig
 from eyas.console import progress
 from eyas.extract import plan, storage
-from eyas.extract.capture import check_aux_layers, default_aux_layers, hf_hidden_state_indices
-from eyas.extract.forward import forward, use_packing
+from eyas.target.capture import check_aux_layers, default_aux_layers, hf_hidden_state_indices
+from eyas.target.engines import Prefill, open_prefill
 from eyas.merge.reader import read_rows, split_lengths
 from eyas.paths import RunPaths
 from eyas.records import content_hash
@@ -119,13 +119,21 @@ def extract(config: RunConfig, quiet: bool = False) -> dict | None:
 
 
 def _write_shards(config, paths, job: Job, todo: list[int], rank: int, world: int, local_rank: int, quiet: bool) -> None:
-    from eyas.target import load_model
+    engine = config.extract.engine
+    if engine == "vllm" and world > 1:
+        raise ConfigError(
+            "extract.engine: vllm runs once, not under torchrun: vLLM itself spreads the target over "
+            "extract.tensor_parallel_size × pipeline_parallel_size GPUs"
+        )
+    max_len = max(job.lengths[i] for s in todo for i in job.shards[s])
+    device = _device(config, local_rank)
+    with open_prefill(config, engine, job.aux_layers, job.num_layers, max_len, paths.hidden_dir, device) as prefill:
+        _write_with(config, paths, job, todo, prefill, f"extract (rank {rank}/{world})" if world > 1 else "extract", quiet)
 
-    model = load_model(config.target, _device(config, local_rank))
-    packed = use_packing(model, config.extract.packing)
+
+def _write_with(config, paths, job: Job, todo: list[int], prefill: Prefill, label: str, quiet: bool) -> None:
     total = sum(job.lengths[i] for s in todo for i in job.shards[s])
     started, done_tokens, written = time.monotonic(), 0, 0
-    label = f"extract (rank {rank}/{world})" if world > 1 else "extract"
     with progress(quiet) as bar:
         task = bar.add_task(label, total=total, rate=0.0)
 
@@ -136,20 +144,20 @@ def _write_shards(config, paths, job: Job, todo: list[int], rank: int, world: in
 
         for shard in todo:
             storage.remove_partial(paths.hidden_dir, shard)
-            sidecar = _extract_shard(config, paths, job, model, packed, shard, advance)
+            sidecar = _extract_shard(config, paths, job, prefill, shard, advance)
             written += sidecar["bytes"]
             amount = f"{written / 1e9:,.2f} GB" if written >= 1e9 else f"{written / 1e6:,.1f} MB"
             bar.update(task, description=f"{label} · {amount} written")
             log.info("shard %d: %d samples, %d tokens, %.1f MB in %.1f s", shard, sidecar["samples"], sidecar["tokens"], sidecar["bytes"] / 1e6, sidecar["seconds"])
 
 
-def _extract_shard(config, paths, job: Job, model, packed: bool, shard: int, advance) -> dict:
+def _extract_shard(config, paths, job: Job, prefill: Prefill, shard: int, advance) -> dict:
     t0 = time.monotonic()
     rows = read_rows(paths, "train", job.shards[shard].start, job.shards[shard].stop, ["id", "input_ids", "loss_mask"])
     lengths = [len(r["input_ids"]) for r in rows]
     buffer = storage.ShardBuffer([r["id"] for r in rows], lengths, job.hidden_size, len(job.aux_layers), config.extract.dtype)
     for batch in plan.plan_batches(lengths, config.extract.batch_tokens):
-        outputs = forward(model, [rows[i]["input_ids"] for i in batch], job.aux_layers, packed)
+        outputs = prefill.capture([rows[i]["input_ids"] for i in batch])
         for i, (aux, final) in zip(batch, outputs):
             if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
                 raise ConfigError(
@@ -162,18 +170,18 @@ def _extract_shard(config, paths, job: Job, model, packed: bool, shard: int, adv
         "sample_start": job.shards[shard].start,
         "fingerprint": job.fingerprint,
         "rank": _rank()[0],
+        "engine": config.extract.engine,
     }
     return storage.write_shard(paths.hidden_dir, shard, buffer, info, t0)
 
 
 def _write_index(paths: RunPaths, job: Job) -> dict:
-    shards = []
-    for shard in range(len(job.shards)):
-        sidecar = storage.read_sidecar(paths.hidden_dir, shard)
+    sidecars = [storage.read_sidecar(paths.hidden_dir, shard) for shard in range(len(job.shards))]
+    for shard, sidecar in enumerate(sidecars):
         if sidecar is None:
             raise ConfigError(f"{storage.shard_path(paths.hidden_dir, shard)}: missing after every rank finished; rerun extract")
-        shards.append({k: sidecar[k] for k in ("file", "samples", "tokens", "bytes", "sha256", "sample_start")})
-    seconds = sum(storage.read_sidecar(paths.hidden_dir, s)["seconds"] for s in range(len(job.shards)))
+    shards = [{k: s[k] for k in ("file", "samples", "tokens", "bytes", "sha256", "sample_start")} for s in sidecars]
+    seconds = sum(s["seconds"] for s in sidecars)
     tokens = sum(s["tokens"] for s in shards)
     h = job.hidden_size
     index = {
@@ -190,6 +198,8 @@ def _write_index(paths: RunPaths, job: Job) -> dict:
         "tensors": {"aux": ["tokens", len(job.aux_layers) * h], "final": ["tokens", h], "input_ids": ["tokens"], "loss_mask": ["tokens"], "offsets": ["samples + 1"]}
         | ({"aux_scale": ["tokens", len(job.aux_layers)]} if job.settings["dtype"] == "fp8" else {}),
         "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
+        # Shards from either engine hold the same states (to float tolerance), so a run may switch.
+        "engines": sorted({s.get("engine", "transformers") for s in sidecars}),
         "fingerprint": job.fingerprint,
         "shards": shards,
     }

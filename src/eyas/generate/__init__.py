@@ -8,10 +8,8 @@ run resumes with exactly one record per prompt.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from eyas.config import RunConfig
@@ -22,7 +20,7 @@ from eyas.prompts import iter_prompts
 from eyas.records import PromptRecord
 
 if TYPE_CHECKING:
-    from eyas.generate.local import BatchGenerator
+    from eyas.target.generation import BatchGenerator
 
 log = logging.getLogger(__name__)
 
@@ -59,33 +57,19 @@ def run(config: RunConfig, quiet: bool = False) -> None:
         _run_in_house(config, paths, quiet)
 
 
-@contextlib.contextmanager
-def _generator(config: RunConfig, paths: RunPaths, tokenizer) -> Iterator[BatchGenerator]:
-    """The target as ``generate.backend`` runs it: in-process with transformers, or in vLLM."""
-    from eyas.generate.local import LocalGenerator
-    from eyas.target import end_of_turn_id, load_model, pick_device, pick_dtype
-
-    end = end_of_turn_id(tokenizer)
-    if config.generate.backend == "vllm":
-        from eyas.generate.vllm_backend import VllmGenerator
-
-        dtype = str(pick_dtype(config.target, pick_device(config.target))).removeprefix("torch.")
-        with VllmGenerator(config, tokenizer, end, {end}, dtype, paths.generate_dir / "vllm.log") as generator:
-            yield generator
-    else:
-        yield LocalGenerator(load_model(config.target), tokenizer, end, config.generate)
-
-
 def _run_in_house(config: RunConfig, paths: RunPaths, quiet: bool) -> None:
     """The local and vLLM backends: length-sorted batches of the target's own sampled ids."""
     from eyas.target import load_tokenizer
 
-    with _generator(config, paths, load_tokenizer(config.target)) as generator:
+    from eyas.target.engines import open_generator
+
+    engine = "vllm" if config.generate.backend == "vllm" else "transformers"
+    with open_generator(config, engine, load_tokenizer(config.target), paths.generate_dir / "vllm.log") as generator:
         _generate_datasets(config, paths, quiet, generator)
 
 
 def _generate_datasets(config: RunConfig, paths: RunPaths, quiet: bool, generator: BatchGenerator) -> None:
-    from eyas.generate.local import Job, run_jobs, usage_of
+    from eyas.target.generation import Job, run_jobs, usage_of
 
     for dataset in config.datasets:
         state = scan(paths.generations(dataset.name))

@@ -54,7 +54,7 @@ def synthesize(
     Sampling is fixed at temperature 1.0, top-p 0.95: diversity matters more here than
     the run's own generation settings, which are usually greedy.
     """
-    from eyas.generate.local import LocalGenerator
+    from eyas.target.generation import LocalGenerator
     from eyas.target import end_of_turn_id, load_model, load_tokenizer
 
     recover(out)

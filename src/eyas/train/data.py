@@ -1,7 +1,7 @@
 """Training batches: token ids, loss masks and the target's hidden states, online or offline.
 
 - online (``extract.mode: online``): the merged train split is read into memory as token
-  ids; each batch runs the target once (:func:`eyas.extract.capture.capture`) and the
+  ids; each batch runs the target once (:func:`eyas.target.capture.capture`) and the
   hidden states are used and dropped, never stored.
 - offline: samples come from the extracted shards (:class:`eyas.extract.reader.HiddenStates`),
   which carry their own ids and masks.
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from eyas.config import ConfigError
-from eyas.extract.capture import capture
+from eyas.target.capture import capture
 from eyas.paths import RunPaths
 
 

@@ -173,7 +173,7 @@ class Eagle3Drafter(nn.Module):
     def load(cls, directory: str | Path, target_model) -> Eagle3Drafter:
         """A drafter from a training checkpoint, ``train/final``, an export (any format) or a
         foreign EAGLE-3 checkpoint; the embedding comes from ``target_model``."""
-        from eyas.extract.capture import check_aux_layers, num_decoder_layers
+        from eyas.target.capture import check_aux_layers, num_decoder_layers
         from eyas.train.layout import CONFIG_FILE, read_drafter
 
         num_layers = num_decoder_layers(target_model)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from eyas.extract.capture import default_aux_layers, hf_hidden_state_indices
+from eyas.target.capture import default_aux_layers, hf_hidden_state_indices
 from eyas.tensorfile import save_tensors
 from eyas.train.spec import DrafterSpec
 

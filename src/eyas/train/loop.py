@@ -20,7 +20,7 @@ import torch
 
 from eyas.config import ConfigError, RunConfig
 from eyas.console import progress
-from eyas.extract.capture import check_aux_layers, default_aux_layers, num_decoder_layers
+from eyas.target.capture import check_aux_layers, default_aux_layers, num_decoder_layers
 from eyas.paths import RunPaths
 from eyas.target import load_model
 from eyas.train import checkpoint

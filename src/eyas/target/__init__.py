@@ -181,6 +181,11 @@ def pick_device(cfg: TargetConfig) -> torch.device:
     return torch.device(cfg.device)
 
 
+def dtype_name(cfg: TargetConfig) -> str:
+    """The compute dtype on the device the target runs on, as engines spell it (``bfloat16``)."""
+    return str(pick_dtype(cfg, pick_device(cfg))).removeprefix("torch.")
+
+
 def pick_dtype(cfg: TargetConfig, device: torch.device) -> torch.dtype:
     import torch
 
@@ -204,6 +209,66 @@ def load_model(cfg: TargetConfig, device: torch.device | None = None) -> PreTrai
     model.to(device).eval()
     model.requires_grad_(False)
     return model
+
+
+def load_final_norm(cfg: TargetConfig, dtype: torch.dtype) -> torch.nn.Module:
+    """The target's final norm alone, with its trained weights, on the CPU in ``dtype``.
+
+    vLLM hands out the last layer's output before the final norm, and eyas stores the state
+    after it (what ``lm_head`` consumes), so the norm is applied here — the model's own module,
+    since norms differ (Gemma scales by ``1 + w``), built on the meta device so that even a
+    1T-parameter target costs only its config, then filled from the checkpoint.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(load_model_config(cfg), trust_remote_code=cfg.trust_remote_code)
+    norm = model.get_decoder().norm
+    prefix = next(name for name, module in model.named_modules() if module is norm)
+    weights = {name: _checkpoint_tensor(cfg, f"{prefix}.{name}") for name, _ in norm.named_parameters()}
+    norm.to_empty(device="cpu")
+    norm.load_state_dict(weights)
+    return norm.to(dtype).eval().requires_grad_(False)
+
+
+def _checkpoint_tensor(cfg: TargetConfig, key: str) -> torch.Tensor:
+    """One tensor of the target's safetensors checkpoint, read without loading the rest."""
+    import json
+
+    from safetensors import safe_open
+
+    source = resolve_target(cfg)
+
+    def fetch(filename: str) -> Path | None:
+        if source.is_local:
+            path = Path(source.name_or_path) / filename
+            return path if path.is_file() else None
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError
+
+        try:
+            return Path(hf_hub_download(source.name_or_path, filename, revision=source.revision))
+        except EntryNotFoundError:
+            return None
+
+    index = fetch("model.safetensors.index.json")
+    weight_map = json.loads(index.read_text())["weight_map"] if index else None
+    if weight_map is None:
+        single = fetch("model.safetensors")
+        if single is None:
+            raise ConfigError(f"target.model: {source.name_or_path} has no safetensors checkpoint")
+        with safe_open(single, "pt") as f:
+            weight_map = dict.fromkeys(f.keys(), "model.safetensors")
+    if key not in weight_map:
+        # Checkpoints of wrapped models may name the module one level differently (model.norm vs language_model.model.norm).
+        tail = ".".join(key.split(".")[-3:])
+        matches = [k for k in weight_map if k == tail or k.endswith("." + tail)]
+        if len(matches) != 1:
+            raise ConfigError(f"target.model: {source.name_or_path}'s checkpoint has no tensor {key} (the final norm)")
+        key = matches[0]
+    with safe_open(fetch(weight_map[key]), "pt") as f:
+        return f.get_tensor(key)
 
 
 def end_of_turn_id(tokenizer: PreTrainedTokenizerBase) -> int:

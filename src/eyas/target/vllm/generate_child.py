@@ -1,10 +1,11 @@
 """Generates batches with vLLM for eyas's ``generate.backend: vllm``; a script, not a module.
 
-``python vllm_child.py SETTINGS.json RESULT_FD`` under an interpreter that has vLLM (it imports
-nothing from eyas; see :mod:`eyas.vllm_process`). The engine starts once; then each line on
-stdin is a batch (``{"prompts": [[ids]], "seeds": [...], "max_tokens": N}``) and each line
-written to file descriptor ``RESULT_FD`` is its answer (``{"outputs": [[ids]]}``), generated
-ids with the stop token included. Results go to their own descriptor because vLLM logs to
+``python generate_child.py SETTINGS.json RESULT_FD`` under an interpreter that has vLLM (it
+imports nothing from eyas; see :mod:`eyas.target.vllm`). The engine starts once and says so
+on ``RESULT_FD`` (``{"ready": true, ...}``); then each line on stdin is a batch
+(``{"prompts": [[ids]], "seeds": [...], "max_tokens": N}``) and each line written to
+``RESULT_FD`` is its answer (``{"outputs": [[ids]]}``), generated ids with the stop token
+included. Results go to their own descriptor because vLLM logs to
 stdout. vLLM batches the prompts itself (continuous batching).
 """
 
@@ -15,9 +16,6 @@ import os
 import sys
 
 
-# Run as a script, this file's folder comes first on sys.path, where eyas's own modules
-# (generate/http, ...) would shadow the standard library and vLLM; drop it.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 def main(settings_path: str, result_fd: int) -> None:
     # 1 GiB of KV cache serves a small target on CPU; vLLM's default (4 GiB) is set aside whole.
@@ -28,12 +26,16 @@ def main(settings_path: str, result_fd: int) -> None:
     settings = json.loads(open(settings_path).read())
     llm = LLM(
         model=settings["target"],
+        revision=settings["revision"],
+        trust_remote_code=settings["trust_remote_code"],
         dtype=settings["dtype"],
         enforce_eager=True,
         tensor_parallel_size=settings["tensor_parallel_size"],
         seed=settings["seed"],
     )
     results = os.fdopen(result_fd, "w")
+    results.write(json.dumps({"ready": True, "vllm_version": __import__("vllm").__version__}) + "\n")
+    results.flush()
     for line in sys.stdin:
         batch = json.loads(line)
         params = [

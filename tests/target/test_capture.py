@@ -3,7 +3,7 @@ import logging
 import pytest
 import torch
 
-from eyas.extract.capture import capture, check_aux_layers, default_aux_layers, hf_hidden_state_indices, num_decoder_layers
+from eyas.target.capture import capture, check_aux_layers, default_aux_layers, hf_hidden_state_indices, num_decoder_layers
 
 
 def test_default_layers_follow_the_documented_convention():

@@ -1,6 +1,6 @@
 """Runs an EAGLE-3 export in vLLM and writes what vLLM itself measured; a script, not a module.
 
-``python vllm_child.py REQUEST.json RESULT.json`` under an interpreter that has vLLM
+``python eval_child.py REQUEST.json RESULT.json`` under an interpreter that has vLLM
 installed. It imports nothing from eyas: vLLM pins its own torch and transformers, so it
 usually lives in an environment of its own (``make vllm`` builds ``.venv-vllm``), and eyas
 starts this file there as a child process (:mod:`eyas.eval.vllm_engine`).
@@ -19,9 +19,6 @@ import os
 import sys
 import time
 
-# Run as a script, this file's folder comes first on sys.path, where eyas's own modules
-# (generate/http, ...) would shadow the standard library and vLLM; drop it.
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 METRIC_PREFIX = "vllm:spec_decode_"
 
