@@ -243,7 +243,7 @@ class ExtractConfig(Section):
     shard_tokens: int | None = Field(default=None, ge=1)
     """Tokens per shard file; default about 1 GiB of states per shard."""
     throughput_tokens_per_s: float | None = Field(default=None, gt=0.0)
-    """Estimate: extraction throughput to assume when none was measured."""
+    """Estimate: extraction throughput to assume until an extract with the configured engine has measured one."""
 
     @model_validator(mode="after")
     def _online_runs_in_the_trainer(self) -> ExtractConfig:

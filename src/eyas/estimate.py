@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from eyas.config import ConfigError, RunConfig
+from eyas.config import ConfigError, ExtractConfig, RunConfig
 from eyas.extract.plan import bytes_per_token
 from eyas.merge.stats import Histogram, tokens_over
 from eyas.paths import RunPaths
@@ -41,6 +41,8 @@ class Inputs:
     """Tokens per second; None when neither measured nor configured."""
     source: str
     throughput_source: str
+    engine: str = "transformers"
+    """The engine that will run the target, with its parallelism, as the table names it."""
     caps: tuple[int, ...] = CANDIDATE_CAPS
 
 
@@ -98,7 +100,7 @@ def table(inputs: Inputs, lines: list[Line]) -> Table:
     base = lines[0]
     t = Table(
         title=f"extraction estimate — hidden {inputs.hidden_size:,}, {inputs.num_layers} layers, "
-        f"{NUM_AUX} aux + final states; {inputs.source}; throughput {inputs.throughput_source}"
+        f"{NUM_AUX} aux + final states; {inputs.source}; engine {inputs.engine}; throughput {inputs.throughput_source}"
     )
     for column in ("scenario", "tokens", "storage", "time", "saves"):
         t.add_column(column, justify="left" if column == "scenario" else "right")
@@ -117,16 +119,33 @@ def gather(config: RunConfig) -> Inputs:
     model_config = load_model_config(config.target)
     text = getattr(model_config, "text_config", None) or model_config
     histograms, source = _corpus(config, paths)
-    throughput, throughput_source = config.extract.throughput_tokens_per_s, "from extract.throughput_tokens_per_s"
+    throughput, throughput_source = config.extract.throughput_tokens_per_s, "assumed (extract.throughput_tokens_per_s)"
     index = paths.hidden_dir / "index.json"
-    if throughput is None and index.is_file():
-        throughput = json.loads(index.read_text()).get("tokens_per_s")
-        throughput_source = "measured by the last extract"
+    measured = json.loads(index.read_text()) if index.is_file() else {}
+    # A measurement beats the assumption, but only one made with the engine configured now.
+    if measured.get("tokens_per_s") and config.extract.engine in measured.get("engines", ["transformers"]):
+        throughput = measured["tokens_per_s"]
+        throughput_source = f"measured by the last extract ({config.extract.engine})"
     if throughput is None:
         throughput_source = "unknown (set extract.throughput_tokens_per_s)"
     else:
         throughput_source = f"{throughput:,.0f} tok/s {throughput_source}"
-    return Inputs(text.hidden_size, text.num_hidden_layers, histograms, config.extract.dtype, throughput, source, throughput_source)
+    return Inputs(
+        text.hidden_size, text.num_hidden_layers, histograms, config.extract.dtype, throughput, source, throughput_source,
+        engine_description(config.extract),
+    )
+
+
+def engine_description(x: ExtractConfig) -> str:
+    """``transformers``, or vLLM with the parallelism it will split the target by."""
+    if x.engine == "transformers":
+        return "transformers (one replica per torchrun rank)"
+    parts = [f"tensor parallel {x.tensor_parallel_size}"]
+    if x.pipeline_parallel_size > 1:
+        parts.append(f"pipeline parallel {x.pipeline_parallel_size}")
+    if x.expert_parallel:
+        parts.append("expert parallel")
+    return f"vllm ({', '.join(parts)})"
 
 
 def _corpus(config: RunConfig, paths: RunPaths) -> tuple[dict[str, list[dict]], str]:

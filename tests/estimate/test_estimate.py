@@ -72,11 +72,16 @@ def test_eyas_estimate_reads_only_the_targets_config_and_merge_stats(tmp_path):
     stats = {"datasets": {name: {"train": {"length_histogram": h}} for name, h in histograms(reference_corpus()).items()}}
     (run_dir / "merge" / "stats.json").write_text(json.dumps(stats))
     config = tmp_path / "run.yaml"
-    config.write_text(f"run_dir: run\ntarget:\n  model: {target}\nextract:\n  throughput_tokens_per_s: 480\n")
+    config.write_text(
+        f"run_dir: run\ntarget:\n  model: {target}\n"
+        "extract:\n  engine: vllm\n  tensor_parallel_size: 8\n  expert_parallel: true\n  throughput_tokens_per_s: 480\n"
+    )
     result = subprocess.run([sys.executable, "-m", "eyas", "estimate", str(config)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "hidden 7,168, 61 layers" in out
+    title = " ".join(out.split())  # the title wraps at the table's width
+    assert "engine vllm (tensor parallel 8, expert parallel)" in title and "480 tok/s assumed" in title
     assert "7.9 TB" in out and "79.9 h" in out  # 138M tokens at 480 tok/s
     assert "cap at 8,192 tokens" in out and "fp8 storage" in out and "without dataset agentic" in out
 
@@ -94,3 +99,24 @@ def test_before_merge_it_reads_tokenize_lengths_and_without_data_it_says_what_to
     assert inputs.hidden_size == 576 and inputs.num_layers == 30 and inputs.throughput is None
     base = estimate(inputs)[0]
     assert base.tokens == 3030 and base.bytes == 3030 * (4 * 576 * 2 + 5) and base.seconds is None
+
+
+def test_a_measured_throughput_replaces_the_assumption_only_for_the_engine_that_measured_it(tmp_path):
+    from tests.corpus import write_tokenized
+
+    rows = [{"id": "a/0", "dataset": "a", "input_ids": [1] * 10, "loss_mask": [1] * 10, "num_tokens": 10, "completion_tokens": 10,
+             "billed_completion_tokens": 10, "finish_reason": "stop", "format": "chatml", "flags": []}]
+    write_tokenized(tmp_path / "tokenize" / "a.parquet", rows)
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / "index.json").write_text(json.dumps({"tokens_per_s": 900.0, "engines": ["vllm"]}))
+
+    def inputs(engine: str):
+        return gather(RunConfig.model_validate({
+            "run_dir": str(tmp_path), "datasets": [{"name": "a", "source": "x.jsonl"}],
+            "extract": {"engine": engine, "throughput_tokens_per_s": 300},
+        }))
+
+    vllm, transformers = inputs("vllm"), inputs("transformers")
+    assert vllm.throughput == 900.0 and "measured by the last extract (vllm)" in vllm.throughput_source
+    assert transformers.throughput == 300 and "assumed" in transformers.throughput_source
+    assert transformers.engine.startswith("transformers") and vllm.engine == "vllm (tensor parallel 1)"

@@ -134,14 +134,11 @@ def _add_vllm(
 ) -> None:
     """Serve the export in vLLM on the same prompts; its row and the agreement check join the report."""
     from eyas.eval import vllm_engine
-    from eyas.target import resolve_target
+    from eyas.target.vllm_engine import speculative_decode
 
     cfg = config.eval
     dtype = str(model.dtype).removeprefix("torch.")
-    result = vllm_engine.serve(
-        config, resolve_target(config.target).name_or_path, draft_dir, [p.input_ids for p in prompts], stop_ids,
-        dtype, paths.eval_dir,
-    )
+    result = speculative_decode(config, draft_dir, [p.input_ids for p in prompts], stop_ids, dtype, paths.eval_dir)
     reference = {p.id: done[(PLAIN, p.id)].tokens for p in prompts} if cfg.temperature == 0 else None
     vllm = vllm_engine.summarize_vllm(result, [p.id for p in prompts], cfg.num_draft_tokens, reference)
     report["methods"][vllm_engine.METHOD] = vllm

@@ -3,7 +3,7 @@
 eyas's in-process eval reads a drafter back in eyas's own conventions, so it cannot see an
 export that a server misreads (layer ids shifted by one, a dtype the server changes). This
 runs the same prompts, as token ids, through vLLM's offline ``LLM`` with the export as its
-EAGLE-3 drafter (``target/vllm/eval_child.py``, in the interpreter that has vLLM) and compares:
+EAGLE-3 drafter (:func:`eyas.target.vllm_engine.speculative_decode`) and compares:
 
 - τ: vLLM's ``1 + accepted / drafts`` against eyas's ``(tokens - 1) / passes`` per prompt,
   pooled. With identical outputs the two differ only in each prompt's last round: vLLM
@@ -15,65 +15,13 @@ EAGLE-3 drafter (``target/vllm/eval_child.py``, in the interpreter that has vLLM
 - outputs: with temperature 0 vLLM's tokens must equal plain greedy decoding on every prompt.
 
 At temperature > 0 the two engines draw different random numbers, so τ is reported side by
-side without the check. vLLM's result is cached in ``eval/vllm-<request hash>.json``: a rerun
-with the same export, prompts and settings does not start vLLM again.
+side without the check.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import subprocess
-from pathlib import Path
-
-from eyas.config import RunConfig
-from eyas.records import content_hash
-from eyas.target.vllm import VllmError, child_script, log_tail, vllm_python
-
-log = logging.getLogger(__name__)
-
-
 METHOD = "eagle3 (vllm)"
 TOLERANCE = 0.02
-
-
-def serve(config: RunConfig, target_dir: str, draft_dir: Path, prompts: list[list[int]], stop_ids: set[int],
-          dtype: str, out_dir: Path) -> dict:
-    """vLLM's outputs and spec-decode counters for ``prompts`` (cached by request)."""
-    cfg = config.eval
-    request = {
-        "target": target_dir,
-        "draft": str(draft_dir.resolve()),
-        "draft_files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(draft_dir.iterdir()) if p.is_file()],
-        "dtype": dtype,
-        "seed": cfg.seed,
-        # CUDA graphs are captured for batch sizes a short eval never uses; eager is faster to start.
-        "enforce_eager": True,
-        "tensor_parallel_size": cfg.tensor_parallel_size,
-        "num_speculative_tokens": cfg.num_draft_tokens,
-        "temperature": cfg.temperature,
-        "max_tokens": cfg.max_new_tokens,
-        "stop_token_ids": sorted(stop_ids),
-        "prompts": prompts,
-    }
-    out_dir.mkdir(parents=True, exist_ok=True)
-    result_path = out_dir / f"vllm-{content_hash(request)}.json"
-    if result_path.is_file():
-        return json.loads(result_path.read_text())
-    request_path = result_path.with_suffix(".request.json")
-    request_path.write_text(json.dumps(request))
-    log_path = out_dir / "vllm.log"
-    python = vllm_python(config.target.vllm_python)
-    log.info("eval: serving %s in vLLM (%s); its log is %s", draft_dir, python, log_path)
-    with log_path.open("w") as log_file:
-        done = subprocess.run(
-            [python, child_script("eval"), str(request_path), str(result_path)],
-            stdout=log_file, stderr=subprocess.STDOUT, cwd=out_dir,
-        )
-    request_path.unlink(missing_ok=True)
-    if done.returncode != 0 or not result_path.is_file():
-        raise VllmError(f"vLLM exited with {done.returncode} serving {draft_dir}; last lines of {log_path}:\n{log_tail(log_path)}")
-    return json.loads(result_path.read_text())
 
 
 def summarize_vllm(result: dict, prompt_ids: list[str], k: int, reference: dict[str, list[int]] | None) -> dict:

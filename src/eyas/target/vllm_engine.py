@@ -8,7 +8,10 @@ stages the same interfaces as the transformers engine (:mod:`eyas.target.engines
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import subprocess
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -19,7 +22,10 @@ import torch
 from eyas.config import RunConfig
 from eyas.target.capture import hf_hidden_state_indices
 from eyas.target.generation import ChatCodec, Completion
-from eyas.target.vllm import VllmChild, VllmError, vllm_python
+from eyas.records import content_hash
+from eyas.target.vllm import VllmChild, VllmError, child_script, log_tail, vllm_python
+
+log = logging.getLogger(__name__)
 
 
 class VllmGenerator(ChatCodec):
@@ -113,6 +119,52 @@ class VllmPrefill:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def speculative_decode(
+    config: RunConfig, draft_dir: Path, prompts: list[list[int]], stop_ids: set[int], dtype: str, out_dir: Path
+) -> dict:
+    """vLLM's outputs and its own spec-decode counters for ``prompts``, with ``draft_dir`` as EAGLE-3 drafter.
+
+    Runs ``eval_child.py`` once under ``config.eval``'s settings. The result is cached in
+    ``out_dir/vllm-<request hash>.json``: a rerun with the same export, prompts and settings
+    does not start vLLM again.
+    """
+    cfg = config.eval
+    request = {
+        **_served_target(config),
+        "draft": str(draft_dir.resolve()),
+        "draft_files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(draft_dir.iterdir()) if p.is_file()],
+        # eyas's own eval ran the target in this dtype; vLLM must too for the outputs to match.
+        "dtype": dtype,
+        "seed": cfg.seed,
+        # CUDA graphs are captured for batch sizes a short eval never uses; eager is faster to start.
+        "enforce_eager": True,
+        "tensor_parallel_size": cfg.tensor_parallel_size,
+        "num_speculative_tokens": cfg.num_draft_tokens,
+        "temperature": cfg.temperature,
+        "max_tokens": cfg.max_new_tokens,
+        "stop_token_ids": sorted(stop_ids),
+        "prompts": prompts,
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result_path = out_dir / f"vllm-{content_hash(request)}.json"
+    if result_path.is_file():
+        return json.loads(result_path.read_text())
+    request_path = result_path.with_suffix(".request.json")
+    request_path.write_text(json.dumps(request))
+    log_path = out_dir / "vllm.log"
+    python = vllm_python(config.target.vllm_python)
+    log.info("eval: serving %s in vLLM (%s); its log is %s", draft_dir, python, log_path)
+    with log_path.open("w") as log_file:
+        done = subprocess.run(
+            [python, child_script("eval"), str(request_path), str(result_path)],
+            stdout=log_file, stderr=subprocess.STDOUT, cwd=out_dir,
+        )
+    request_path.unlink(missing_ok=True)
+    if done.returncode != 0 or not result_path.is_file():
+        raise VllmError(f"vLLM exited with {done.returncode} serving {draft_dir}; last lines of {log_path}:\n{log_tail(log_path)}")
+    return json.loads(result_path.read_text())
 
 
 def _served_target(config: RunConfig) -> dict:

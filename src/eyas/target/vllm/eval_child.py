@@ -48,6 +48,8 @@ def main(request_path: str, result_path: str) -> None:
     started = time.perf_counter()
     llm = LLM(
         model=request["target"],
+        revision=request["revision"],
+        trust_remote_code=request["trust_remote_code"],
         dtype=request["dtype"],
         seed=request["seed"],
         enforce_eager=request["enforce_eager"],
