@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 # vLLM in an environment of its own: it pins torch and transformers versions eyas does not,
-# and eyas runs it as a child process (eyas/eval/vllm_child.py). The CPU wheel on this kind of
+# and eyas runs it as a child process (eyas/target/vllm/*_child.py). The CPU wheel on this kind of
 # machine; on GPUs, `pip install vllm` into any environment and set EYAS_VLLM_PYTHON.
 $(VLLM_STAMP):
 	$(PYTHON) -m venv $(VLLM_VENV)

@@ -1,10 +1,15 @@
-"""Extraction throughput and bytes per token: eyas vs the straightforward loop, same samples.
+"""Extraction throughput and bytes per token: eyas vs the straightforward loop, and eyas's two
+engines (transformers in-process, vLLM in its own environment), all on the same samples.
 
 The straightforward loop is what public trainers do: one sample per forward pass with
 ``output_hidden_states=True`` (every layer's states, and ``lm_head`` over the full
 vocabulary), then ``torch.save`` of one file per sample (cast to bf16, as GPU runs store).
 eyas: ``eyas.extract.run`` — hooks on three layers, length-sorted batches, sharded
-safetensors. Every row is timed end to end, one model load from the local cache included.
+safetensors. Every row of the first table is timed end to end, one model load from the local
+cache included. The engine table splits each engine's wall time into start-up (model load;
+for vLLM its engine start, once per ``eyas extract``) and the shards themselves, whose
+tokens/s is what ``index.json`` records and ``eyas estimate`` uses. It needs vLLM
+(``make vllm``); without it that table is left out, saying why.
 
 Usage: ``OMP_NUM_THREADS=2 .venv/bin/python bench/extract.py [--samples 24] [--dtype bfloat16]`` (embedded target, CPU).
 """
@@ -23,12 +28,12 @@ import pyarrow.parquet as pq
 import torch
 
 from eyas import extract, merge
-from eyas.config import RunConfig
-from eyas.target.capture import default_aux_layers, num_decoder_layers
+from eyas.config import ConfigError, RunConfig
 from eyas.merge.reader import iter_split
 from eyas.paths import RunPaths
 from eyas.records import tokenized_arrow_schema
 from eyas.target import load_model, load_tokenizer
+from eyas.target.capture import default_aux_layers, num_decoder_layers
 
 WORDS = "the model answers questions about science history code and travel with short clear sentences".split()
 
@@ -112,6 +117,19 @@ def main() -> None:
         wall, cpu, index = timed(eyas_extract, config, **settings)
         results.append((label, wall, cpu, 2 * len(index["shards"]) + 1, index["bytes"]))
 
+    engines = []
+    for engine in ("transformers", "vllm"):
+        config = base.model_copy(update={"run_dir": str(work / engine)})
+        (work / engine).mkdir()
+        os.symlink(RunPaths.of(base).merge_dir, RunPaths.of(config).merge_dir)
+        try:
+            wall, _, index = timed(eyas_extract, config, dtype="bf16", packing="padded", engine=engine)
+        except ConfigError as e:
+            engines.append((engine, str(e)))
+            continue
+        shard_seconds = index["num_tokens"] / index["tokens_per_s"]
+        engines.append((engine, (wall, wall - shard_seconds, index["tokens_per_s"])))
+
     print(f"{len(train)} samples, {tokens:,} tokens, SmolLM2-135M-Instruct (embedded), CPU, target.dtype {args.dtype}, {torch.get_num_threads()} threads\n")
     print(f"load average {os.getloadavg()[0]:.1f} (2 cores shared with other jobs: CPU-seconds are the steadier figure)\n")
     print("| method | wall s | tokens/s | speed-up (wall) | CPU s | tokens per CPU-s | speed-up (CPU) | files | bytes/token |")
@@ -122,6 +140,15 @@ def main() -> None:
             f"| {label} | {wall:.1f} | {tokens / wall:,.0f} | {loop_wall / wall:.2f}× | {cpu:.1f} | {tokens / cpu:,.0f} "
             f"| {loop_cpu / cpu:.2f}× | {nfiles} | {nbytes / tokens:,.0f} |"
         )
+    print("\n| engine (eyas extract, bf16, padded) | wall s | start-up s | shards tokens/s | vs transformers |")
+    print("|---|---|---|---|---|")
+    reference = dict(engines)["transformers"][2]
+    for engine, figures in engines:
+        if isinstance(figures, str):
+            print(f"| {engine} | not run: {figures} | | | |")
+            continue
+        wall, start, rate = figures
+        print(f"| {engine} | {wall:.1f} | {start:.1f} | {rate:,.0f} | {rate / reference:.2f}× |")
 
 
 if __name__ == "__main__":

@@ -19,10 +19,10 @@ from rich.console import Console
 from rich.table import Table
 
 from eyas.config import ConfigError, GenerateConfig, RunConfig, TargetConfig
-from eyas.target.generation import Job, LocalGenerator, run_jobs
-from eyas.target.vllm_engine import VllmGenerator
 from eyas.target import end_of_turn_id, load_model, load_tokenizer
+from eyas.target.generation import Job, LocalGenerator, run_jobs
 from eyas.target.vllm import vllm_python
+from eyas.target.vllm_engine import VllmGenerator
 
 TOPICS = ["rain", "volcanoes", "bread", "chess", "the moon", "bees", "rivers", "jazz",
           "glaciers", "paper", "bicycles", "tea", "owls", "deserts", "clocks", "salt"]

@@ -9,11 +9,11 @@ from typing import Annotated
 import typer
 
 from eyas.config import ConfigError, RunConfig, dump_config, load_config
-from eyas.target.vllm import VllmError
 from eyas.console import console, setup_logging
 from eyas.generate.http.errors import RunStopped
 from eyas.jsonl import JsonlError
 from eyas.paths import RunPaths
+from eyas.target.vllm import VllmError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train EAGLE-3 drafters from a target model's own outputs.")
 config_app = typer.Typer(no_args_is_help=True, help="Inspect run configs.")

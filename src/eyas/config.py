@@ -310,6 +310,8 @@ class EvalConfig(Section):
     """At temperature > 0: `greedy` drafts the drafter's argmax and accepts it with the target's probability of it (what vLLM does, so τ is the one a server shows); `sample` samples drafts and accepts with min(1, p/q)."""
     engine: Literal["eyas", "vllm"] = "eyas"
     """`vllm`: also serve the vLLM export in vLLM itself and check its τ, passes and outputs against eyas's."""
+    in_process: bool = True
+    """Run eyas's own eval with the target loaded here (one device). false, with engine vllm, for targets larger than one GPU: vLLM alone measures τ, with plain decoding in vLLM as baseline and lossless reference."""
     tensor_parallel_size: int = Field(default=1, ge=1)
     """vLLM tensor parallelism for eval.engine: vllm (GPUs the target is split over)."""
     prompts: str | None = None
@@ -320,6 +322,12 @@ class EvalConfig(Section):
     """Prompt-lookup baseline: longest n-gram matched against the context."""
     seed: int = 0
     """Sampling seed when temperature > 0 (each prompt draws from seed and its index)."""
+
+    @model_validator(mode="after")
+    def _someone_runs_the_target(self) -> EvalConfig:
+        if not self.in_process and self.engine != "vllm":
+            raise ValueError("in_process: false needs engine 'vllm': with the target not loaded here, vLLM is what measures τ")
+        return self
 
 
 class RunConfig(Section):

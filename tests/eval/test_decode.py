@@ -7,8 +7,8 @@ import torch
 
 from eyas.eval.decode import TargetRunner, greedy_decode, speculative_decode
 from eyas.eval.lookup import PromptLookup
-from eyas.target.capture import capture, default_aux_layers, num_decoder_layers
 from eyas.target import end_of_turn_id
+from eyas.target.capture import capture, default_aux_layers, num_decoder_layers
 
 MAX_NEW = 16
 

@@ -69,7 +69,46 @@ def test_a_second_run_reuses_vllms_result(vllm_run):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "vLLM τ" in done.stderr and ": agree" in done.stderr
-    assert "serving" not in done.stderr
+    assert "in vLLM" not in done.stderr
+
+
+@pytest.mark.slow
+def test_with_the_target_not_loaded_here_vllm_alone_measures_tau(vllm_run, tmp_path):
+    """``eval.in_process: false`` (a target larger than one device): vLLM's plain decoding is the baseline and reference."""
+    import shutil
+
+    root, _ = vllm_run
+    eval_dir = tmp_path / "run" / "eval"
+    eval_dir.mkdir(parents=True)
+    for cached in (root / "run" / "eval").glob("vllm-*.json"):  # the drafter's run: only plain decoding starts vLLM
+        shutil.copy(cached, eval_dir)
+    shutil.copy(root / "prompts.jsonl", tmp_path)
+    (tmp_path / "run.yaml").write_text(
+        "run_dir: run\n"
+        "target: {model: embedded, device: cpu}\n"
+        f"eval: {{engine: vllm, in_process: false, num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl}}\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "eyas", "eval", str(tmp_path / "run.yaml"), "--draft", str(root / "draft"), "-q"],
+        capture_output=True, text=True, env=subprocess_env(), timeout=900,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((eval_dir / "report.json").read_text())
+    assert list(report["methods"]) == [vllm_engine.METHOD] and report["plain"]["engine"].startswith("vllm ")
+    vllm = report["methods"][vllm_engine.METHOD]
+    # vLLM's plain greedy outputs are the reference, and the drafter's equal them on every prompt.
+    assert vllm["lossless"] == {"checked": len(TEXTS), "identical": len(TEXTS), "mismatched": []}
+    assert vllm["speedup"] > 0 and vllm["tau"] > 1.5
+    assert not list(eval_dir.glob("results-*.jsonl")), "eyas's own in-process eval never ran"
+    with_eyas = json.loads((root / "run" / "eval" / "report.json").read_text())
+    assert vllm["tau"] == with_eyas["methods"][vllm_engine.METHOD]["tau"]
+
+
+def test_in_process_false_needs_vllm_to_run_the_target(tmp_path):
+    from eyas.config import parse_config
+
+    with pytest.raises(ConfigError, match="in_process: false needs engine 'vllm'"):
+        parse_config({"run_dir": str(tmp_path), "eval": {"in_process": False}})
 
 
 def test_a_missing_vllm_is_a_config_error_that_says_how_to_install_it(monkeypatch, tmp_path):

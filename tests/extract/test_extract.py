@@ -9,12 +9,11 @@ from eyas import extract
 from eyas.config import ConfigError
 from eyas.estimate import gather
 from eyas.extract import storage
-from eyas.target.capture import default_aux_layers, num_decoder_layers
-from eyas.target.capture import forward
 from eyas.extract.plan import bytes_per_token
 from eyas.extract.reader import HiddenStates
 from eyas.merge.reader import iter_split
 from eyas.paths import RunPaths
+from eyas.target.capture import default_aux_layers, forward, num_decoder_layers
 from tests.extract.conftest import with_extract
 
 

@@ -46,7 +46,7 @@ def test_vllm_captures_the_transformers_states_in_float32(merged_run, model, ext
         assert aux.dtype == final.dtype == torch.float32 and aux.shape == ref_aux.shape and final.shape == ref_final.shape
         for k in range(3):
             ref = ref_aux[:, k * h : (k + 1) * h]
-            # Measured: at most 2e-6 of the layer's largest magnitude.
+            # Measured: at most 7e-7 of the layer's largest magnitude (4e-6 for the final state).
             assert (aux[:, k * h : (k + 1) * h] - ref).abs().max() <= 1e-3 * ref.abs().max()
         assert (final - ref_final).abs().max() <= 1e-3 * ref_final.abs().max()
 

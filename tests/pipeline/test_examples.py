@@ -33,7 +33,7 @@ def test_kimi_reference_job():
     # ~1T parameters do not fit one GPU: vLLM splits the INT4 release as shipped over 8.
     assert x["mode"] == "offline" and x["engine"] == "vllm" and x["tensor_parallel_size"] == 8
     assert c["target"]["dtype"] == "auto" and x["throughput_tokens_per_s"] > 0
-    assert c["eval"]["engine"] == "vllm" and c["eval"]["tensor_parallel_size"] == 8
+    assert c["eval"]["engine"] == "vllm" and c["eval"]["in_process"] is False and c["eval"]["tensor_parallel_size"] == 8
     text = (EXAMPLES / "kimi-k2.5-openrouter.yaml").read_text()
     assert "eyas extract examples/kimi-k2.5-openrouter.yaml" in text and "torchrun --nproc-per-node 8 -m eyas train" in text
 

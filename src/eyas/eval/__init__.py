@@ -11,6 +11,8 @@ its aux states in the wrong order (a control that must collapse toward τ = 1).
 
 With ``eval.engine: vllm`` (or ``--engine vllm``) the export is also served by vLLM itself and
 its own counters stand beside eyas's figures, checked for agreement (:mod:`eyas.eval.vllm_engine`).
+With ``eval.in_process: false`` as well, the target is never loaded here (it may not fit one
+device): vLLM runs plain decoding and the drafter, and its figures are the report.
 
 Guarantees: with temperature 0 every method's output is checked against plain greedy
 decoding on every prompt, and any difference is reported as a failure. Per-prompt results
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.config import RunConfig
+from eyas.config import ConfigError, RunConfig
 from eyas.console import console, progress
 from eyas.eval.decode import TargetRunner, greedy_decode, speculative_decode
 from eyas.eval.eagle import BROKEN_ORDER, EagleProposer, load_drafter
@@ -42,6 +44,7 @@ from eyas.eval.report import (
     engine_failures,
     lossless_failures,
     plain_summary,
+    report_frame,
     summarize,
     table,
     write_report,
@@ -73,16 +76,22 @@ def run(
     paths = RunPaths.of(config)
     cfg = config.eval
     engine = engine or cfg.engine
+    if engine != "vllm" and not cfg.in_process:
+        raise ConfigError("--engine eyas: eval.in_process is false, so only vLLM runs the target; set it to true or drop --engine")
     draft_dir = Path(draft) if draft else default_draft_dir(paths, engine)
     tokenizer = load_tokenizer(config.target)
+    eval_prompts = load_eval_prompts(config, tokenizer, prompts)
+    stop_ids = {end_of_turn_id(tokenizer)} | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+    if not cfg.in_process:
+        from eyas.eval.vllm_engine import run_in_vllm_only
+
+        return _finish(run_in_vllm_only(config, draft_dir, eval_prompts, stop_ids, paths.eval_dir), paths, quiet)
     model = load_model(config.target)
     drafter = load_drafter(draft_dir, model)
-    eval_prompts = load_eval_prompts(config, tokenizer, prompts)
     sample_drafts = cfg.draft_sampling == "sample"
     proposers = [PromptLookup(cfg.lookup_max_ngram), EagleProposer(drafter, sample_drafts=sample_drafts)]
     if cfg.broken_control:
         proposers.append(EagleProposer(drafter, "eagle3_broken_aux_order", BROKEN_ORDER, sample_drafts=sample_drafts))
-    stop_ids = {end_of_turn_id(tokenizer)} | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
     settings = {
         "eval": cfg.model_dump(mode="json", exclude=ENGINE_ONLY_KEYS),
@@ -115,6 +124,11 @@ def run(
     report = _report(config, draft_dir, eval_prompts, methods, done)
     if engine == "vllm":
         _add_vllm(report, config, model, draft_dir, eval_prompts, stop_ids, paths, done)
+    return _finish(report, paths, quiet)
+
+
+def _finish(report: dict, paths: RunPaths, quiet: bool) -> dict:
+    """Write the report and its plot, print the table, log every failed check."""
     write_report(paths.eval_dir / "report.json", report)
     plot_acceptance(report, paths.eval_dir / "acceptance.png")
     if not quiet:
@@ -193,15 +207,7 @@ def _report(config: RunConfig, draft_dir: Path, prompts: list[EvalPrompt], metho
     by_method = {m: [done[(m, p.id)] for p in prompts] for m in methods}
     plain = plain_summary(by_method[PLAIN])
     reference = {r.prompt_id: r.tokens for r in by_method[PLAIN]} if cfg.temperature == 0 else None
-    return {
-        "config": cfg.model_dump(mode="json"),
-        "target": config.target.model,
-        "draft": str(draft_dir),
-        "prompts": len(prompts),
-        "datasets": sorted({p.dataset for p in prompts}),
-        "plain": plain,
-        "methods": {
-            m: summarize(by_method[m], cfg.num_draft_tokens, reference, plain["tokens_per_s"]) for m in methods if m != PLAIN
-        },
-    }
+    return report_frame(config, draft_dir, prompts, plain, {
+        m: summarize(by_method[m], cfg.num_draft_tokens, reference, plain["tokens_per_s"]) for m in methods if m != PLAIN
+    })
 

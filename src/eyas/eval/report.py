@@ -63,6 +63,19 @@ def plain_summary(results: list[PromptResult]) -> dict:
     return {"prompts": len(results), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0}
 
 
+def report_frame(config, draft_dir: Path, prompts: list, plain: dict, methods: dict[str, dict]) -> dict:
+    """``report.json``'s shape, whoever ran the methods: the settings, the plain baseline, each method."""
+    return {
+        "config": config.eval.model_dump(mode="json"),
+        "target": config.target.model,
+        "draft": str(draft_dir),
+        "prompts": len(prompts),
+        "datasets": sorted({p.dataset for p in prompts}),
+        "plain": plain,
+        "methods": methods,
+    }
+
+
 def lossless_failures(report: dict) -> dict[str, list[str]]:
     """Methods whose output differed from plain greedy decoding, with the prompt ids."""
     return {

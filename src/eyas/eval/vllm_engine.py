@@ -20,6 +20,11 @@ side without the check.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from eyas.config import RunConfig
+from eyas.eval.report import report_frame
+
 METHOD = "eagle3 (vllm)"
 TOLERANCE = 0.02
 
@@ -86,3 +91,31 @@ def compare(eyas: dict, vllm: dict, k: int, greedy: bool) -> dict:
             "non-float32 dtype (near-ties flip in bf16) or a target directory vLLM reads differently from transformers"
         )
     return check
+
+
+def run_in_vllm_only(config: RunConfig, draft_dir: Path, prompts: list, stop_ids: set[int], out_dir: Path) -> dict:
+    """The report when only vLLM runs the target (``eval.in_process: false``).
+
+    vLLM decodes every prompt twice, plain and with the drafter, in the dtype the target runs
+    in on its devices. Plain decoding is the speed baseline and, greedy, the lossless reference:
+    the drafter's outputs must equal it prompt by prompt, as they must equal eyas's own greedy
+    decoding in-process.
+    """
+    from eyas.target import dtype_name
+    from eyas.target.vllm_engine import speculative_decode
+
+    cfg = config.eval
+    ids, prompt_ids = [p.input_ids for p in prompts], [p.id for p in prompts]
+    dtype = dtype_name(config.target)
+    plain = speculative_decode(config, None, ids, stop_ids, dtype, out_dir)
+    drafted = speculative_decode(config, draft_dir, ids, stop_ids, dtype, out_dir)
+    tokens = sum(len(o) for o in plain["outputs"])
+    seconds = plain["generate_seconds"]
+    baseline = {
+        "prompts": len(prompts), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "engine": f"vllm {plain['vllm_version']}",
+    }
+    reference = dict(zip(prompt_ids, plain["outputs"])) if cfg.temperature == 0 else None
+    method = summarize_vllm(drafted, prompt_ids, cfg.num_draft_tokens, reference)
+    method["speedup"] = method["tokens_per_s"] / baseline["tokens_per_s"] if baseline["tokens_per_s"] else None
+    return report_frame(config, draft_dir, prompts, baseline, {METHOD: method})

@@ -41,9 +41,9 @@ def target_dtype(model_config: Any) -> torch.dtype:
 def run(config: RunConfig, format: str = "sglang", out: str | Path | None = None, quiet: bool = False) -> Path:
     """Write the export; returns its directory."""
     from eyas.export.readme import serve_readme
-    from eyas.target.capture import check_aux_layers
     from eyas.paths import RunPaths
     from eyas.target import load_model_config, resolve_target
+    from eyas.target.capture import check_aux_layers
     from eyas.train import layout
     from eyas.train.heads import text_config
     from eyas.train.loop import final_dir

@@ -7,6 +7,10 @@ samples each, see :mod:`eyas.extract.storage`) and ``index.json`` (layers and th
 :class:`eyas.extract.reader.HiddenStates` reads them by sample. ``online`` writes nothing:
 training calls :func:`eyas.target.capture.capture`, the same code, on the fly.
 
+``extract.engine`` picks who runs the target (:func:`eyas.target.engines.open_prefill`):
+``transformers``, one replica per torchrun rank, or ``vllm``, one vLLM engine that splits a
+target too large for one device over several; both fill the same shards.
+
 Guarantees: the captured layers are the outputs of 0-based decoder layers ``aux_layers``
 (default ``[1, L//2-1, L-4]`` = HF ``hidden_states[2, L//2, L-3]``) and the final state is
 after the final norm; no NaN/Inf is written; a killed run resumes without redoing finished

@@ -19,11 +19,11 @@ import torch
 from eyas.config import ConfigError, RunConfig
 from eyas.console import progress
 from eyas.extract import plan, storage
-from eyas.target.capture import check_aux_layers, default_aux_layers, hf_hidden_state_indices
-from eyas.target.engines import Prefill, open_prefill
 from eyas.merge.reader import read_rows, split_lengths
 from eyas.paths import RunPaths
 from eyas.records import content_hash
+from eyas.target.capture import check_aux_layers, default_aux_layers, hf_hidden_state_indices
+from eyas.target.engines import Prefill, open_prefill
 
 log = logging.getLogger(__name__)
 

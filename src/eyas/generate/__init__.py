@@ -60,7 +60,6 @@ def run(config: RunConfig, quiet: bool = False) -> None:
 def _run_in_house(config: RunConfig, paths: RunPaths, quiet: bool) -> None:
     """The local and vLLM backends: length-sorted batches of the target's own sampled ids."""
     from eyas.target import load_tokenizer
-
     from eyas.target.engines import open_generator
 
     engine = "vllm" if config.generate.backend == "vllm" else "transformers"

@@ -54,8 +54,8 @@ def synthesize(
     Sampling is fixed at temperature 1.0, top-p 0.95: diversity matters more here than
     the run's own generation settings, which are usually greedy.
     """
-    from eyas.target.generation import LocalGenerator
     from eyas.target import end_of_turn_id, load_model, load_tokenizer
+    from eyas.target.generation import LocalGenerator
 
     recover(out)
     seen = {_normalise(r["messages"][0]["content"]) for _, r in read_jsonl(out)} if out.exists() else set()

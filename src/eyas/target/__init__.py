@@ -9,6 +9,11 @@ so the first load converts it once into an ordinary safetensors model directory 
 ``$EYAS_CACHE`` (default ``~/.cache/eyas``); later loads take a fraction of a second. That
 directory is a plain Hugging Face model a serving engine loads (an export's README names it
 in its serve commands).
+
+The package holds everything that runs the target, for every stage: :mod:`.capture` (the
+aux-layer hooks and their numbering), :mod:`.generation` (batched sampling),
+:mod:`.engines` (the one seam where transformers or vLLM is chosen), :mod:`.vllm_engine`
+and :mod:`.vllm` (vLLM in its own environment, as child processes).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 
 from eyas.config import RunConfig
+from eyas.records import content_hash
 from eyas.target.capture import hf_hidden_state_indices
 from eyas.target.generation import ChatCodec, Completion
-from eyas.records import content_hash
 from eyas.target.vllm import VllmChild, VllmError, child_script, log_tail, vllm_python
 
 log = logging.getLogger(__name__)
@@ -122,9 +122,10 @@ class VllmPrefill:
 
 
 def speculative_decode(
-    config: RunConfig, draft_dir: Path, prompts: list[list[int]], stop_ids: set[int], dtype: str, out_dir: Path
+    config: RunConfig, draft_dir: Path | None, prompts: list[list[int]], stop_ids: set[int], dtype: str, out_dir: Path
 ) -> dict:
-    """vLLM's outputs and its own spec-decode counters for ``prompts``, with ``draft_dir`` as EAGLE-3 drafter.
+    """vLLM's outputs and its own spec-decode counters for ``prompts``, with ``draft_dir`` as EAGLE-3
+    drafter (None: plain decoding, no counters).
 
     Runs ``eval_child.py`` once under ``config.eval``'s settings. The result is cached in
     ``out_dir/vllm-<request hash>.json``: a rerun with the same export, prompts and settings
@@ -133,8 +134,9 @@ def speculative_decode(
     cfg = config.eval
     request = {
         **_served_target(config),
-        "draft": str(draft_dir.resolve()),
-        "draft_files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(draft_dir.iterdir()) if p.is_file()],
+        "draft": str(draft_dir.resolve()) if draft_dir else None,
+        "draft_files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(draft_dir.iterdir()) if p.is_file()]
+        if draft_dir else [],
         # eyas's own eval ran the target in this dtype; vLLM must too for the outputs to match.
         "dtype": dtype,
         "seed": cfg.seed,
@@ -155,7 +157,8 @@ def speculative_decode(
     request_path.write_text(json.dumps(request))
     log_path = out_dir / "vllm.log"
     python = vllm_python(config.target.vllm_python)
-    log.info("eval: serving %s in vLLM (%s); its log is %s", draft_dir, python, log_path)
+    what = draft_dir or "plain decoding (no drafter)"
+    log.info("eval: running %s in vLLM (%s); its log is %s", what, python, log_path)
     with log_path.open("w") as log_file:
         done = subprocess.run(
             [python, child_script("eval"), str(request_path), str(result_path)],
@@ -163,7 +166,7 @@ def speculative_decode(
         )
     request_path.unlink(missing_ok=True)
     if done.returncode != 0 or not result_path.is_file():
-        raise VllmError(f"vLLM exited with {done.returncode} serving {draft_dir}; last lines of {log_path}:\n{log_tail(log_path)}")
+        raise VllmError(f"vLLM exited with {done.returncode} running {what}; last lines of {log_path}:\n{log_tail(log_path)}")
     return json.loads(result_path.read_text())
 
 

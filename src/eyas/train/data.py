@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from eyas.config import ConfigError
-from eyas.target.capture import capture
 from eyas.paths import RunPaths
+from eyas.target.capture import capture
 
 
 @dataclass

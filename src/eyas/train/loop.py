@@ -20,9 +20,9 @@ import torch
 
 from eyas.config import ConfigError, RunConfig
 from eyas.console import progress
-from eyas.target.capture import check_aux_layers, default_aux_layers, num_decoder_layers
 from eyas.paths import RunPaths
 from eyas.target import load_model
+from eyas.target.capture import check_aux_layers, default_aux_layers, num_decoder_layers
 from eyas.train import checkpoint
 from eyas.train.data import OfflineSource, OnlineSource, Schedule, check_sizes, read_split
 from eyas.train.distributed import World

@@ -5,8 +5,8 @@ installed. It imports nothing from eyas: vLLM pins its own torch and transformer
 usually lives in an environment of its own (``make vllm`` builds ``.venv-vllm``), and eyas
 starts this file there as a child process (:mod:`eyas.eval.vllm_engine`).
 
-The request names the target directory, the drafter directory, the prompts as token ids and
-the sampling settings; the result holds each prompt's generated ids and vLLM's own
+The request names the target directory, the drafter directory (null: plain decoding), the
+prompts as token ids and the sampling settings; the result holds each prompt's generated ids and vLLM's own
 speculative-decoding counters (``vllm:spec_decode_num_drafts``, ``..._num_accepted_tokens``,
 ``..._num_accepted_tokens_per_pos``), read from ``LLM.get_metrics()``: the numbers a server
 shows on ``/metrics``, not a recount of ours.
@@ -18,7 +18,6 @@ import json
 import os
 import sys
 import time
-
 
 METRIC_PREFIX = "vllm:spec_decode_"
 
@@ -55,11 +54,12 @@ def main(request_path: str, result_path: str) -> None:
         enforce_eager=request["enforce_eager"],
         tensor_parallel_size=request["tensor_parallel_size"],
         disable_log_stats=False,
+        # No drafter: plain decoding, the baseline and lossless reference when eyas cannot run the target.
         speculative_config={
             "method": "eagle3",
             "model": request["draft"],
             "num_speculative_tokens": request["num_speculative_tokens"],
-        },
+        } if request["draft"] else None,
     )
     loaded = time.perf_counter()
     params = [

@@ -16,7 +16,6 @@ import os
 import sys
 
 
-
 def main(settings_path: str, result_fd: int) -> None:
     # 1 GiB of KV cache serves a small target on CPU; vLLM's default (4 GiB) is set aside whole.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
