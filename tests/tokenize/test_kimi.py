@@ -135,7 +135,8 @@ def test_whitespace_stripped_by_the_server_is_recovered_via_billing(rebuilder):
     stripped = rebuild_one(rebuilder, record("The answer is 4.", "The sum of 2 and 2 is 4", billed=billed))
     assert len(rebuild_one(rebuilder, record("The answer is 4.", "The sum of 2 and 2 is 4")).completion_ids) == billed - 2
     assert stripped.completion_ids == truth.completion_ids == WHITESPACE_TRUTH
-    assert stripped.flags == ["whitespace:reasoning.trail='\\n'", "whitespace:content.lead='\\n'"]
+    # Newlines at other edges tie on billing and Kimi documents no separator: the first tried, flagged.
+    assert stripped.flags == ["whitespace:reasoning.trail='\\n'", "whitespace:content.lead='\\n'", "ambiguous-whitespace"]
 
 
 def test_a_count_no_reading_explains_is_flagged(rebuilder):

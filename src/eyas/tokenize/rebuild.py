@@ -11,7 +11,10 @@ tool/think markers in the text read as text instead of special tokens; then whit
 restored at the reasoning and content edges, which some servers strip. Whitespace is only
 tried within ``MAX_WHITESPACE_DELTA`` tokens of billing and at most two edges at once: that
 covers ``.strip()`` on both segments while bounding the work on samples that are off for
-other reasons. Several readings can share a length; the order above is the tie-break.
+other reasons. Several readings can share a length; the order above is the tie-break, except
+that when whitespace restored at different edges ties (e.g. ``\\n\\n`` after ``</think>`` versus a
+space ending the reasoning, one token each), the format's documented separator wins
+(``Format.separators``) and the sample is flagged ``ambiguous-whitespace``: a guess, counted.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ split changes it within the first pre-token."""
 SEAM_TAIL_CHARS = 256
 PROMPT_END_CHARS = 32
 """Enough of the prompt's end to see whether the template already opened the think block."""
+AMBIGUOUS_WHITESPACE = "ambiguous-whitespace"
+"""Flag: other whitespace restorations matched billing as well, with other ids."""
 
 
 @dataclass
@@ -68,6 +73,18 @@ def normalize(pieces: Sequence[Piece]) -> list[Piece]:
         else:
             out.append(p)
     return out
+
+
+def whitespace_flag(segment: str, side: str, ws: str) -> str:
+    """The flag naming whitespace restored at one edge, e.g. ``whitespace:content.lead='\\n\\n'``."""
+    return f"whitespace:{segment}.{side}={ws!r}"
+
+
+def _changes(flags: list[str]) -> tuple[tuple[str, ...], int]:
+    """What a reading changes, its whitespace counted but not placed: readings equal here differ
+    only in where whitespace went (and which)."""
+    other = tuple(f for f in flags if not f.startswith("whitespace:"))
+    return other, len(flags) - len(other)
 
 
 class Rebuilder:
@@ -138,7 +155,8 @@ class Rebuilder:
         return out, leaks
 
     def match_billing(self, samples: list[tuple[Sample, str]]) -> None:
-        """Retry samples off billing in their other readings; keep the first that matches."""
+        """Retry samples off billing in their other readings; keep the first that matches, unless
+        whitespace readings tie with it (:meth:`choose`)."""
         todo = [(s, end) for s, end in samples if s.billed is not None and len(s.completion_ids) != s.billed]
         if not todo:
             return
@@ -161,15 +179,29 @@ class Rebuilder:
                     seqs.append(seq[:-1])
                     tags.append([*flags, "stop-string"])
         ids, leaks = self.encode(seqs)
-        fixed: set[int] = set()
+        matches: dict[int, list[tuple[list[int], bool, list[str]]]] = {}
         for s, candidate, leak, flags in zip(owners, ids, leaks, tags):
-            if id(s) not in fixed and len(candidate) == s.billed:
-                fixed.add(id(s))
-                s.completion_ids = candidate
-                s.flags = [f for f in s.flags if f != "special-in-text"] + flags + (["special-in-text"] if leak else [])
+            if len(candidate) == s.billed:
+                matches.setdefault(id(s), []).append((candidate, leak, flags))
         for s, _ in todo:
-            if id(s) not in fixed:
+            if id(s) not in matches:
                 s.flags.append("billing-mismatch")
+                continue
+            s.completion_ids, leak, flags = self.choose(matches[id(s)])
+            s.flags = [f for f in s.flags if f != "special-in-text"] + flags + (["special-in-text"] if leak else [])
+
+    def choose(self, matches: list[tuple[list[int], bool, list[str]]]) -> tuple[list[int], bool, list[str]]:
+        """Of the readings that match billing (in the order tried), the first; but when others differ
+        from it only in where whitespace went and give other ids, billing cannot tell them apart: the
+        one restoring most of the format's documented separators wins (the first tried among equals),
+        flagged so the guess is counted rather than silent."""
+        first = matches[0]
+        ties = [m for m in matches if _changes(m[2]) == _changes(first[2])]
+        if all(m[0] == first[0] for m in ties):
+            return first
+        documented = {whitespace_flag(segment, side, ws) for (segment, side), ws in self.fmt.separators.items()}
+        ids, leak, flags = max(ties, key=lambda m: sum(f in documented for f in m[2]))  # max keeps the first
+        return ids, leak, [*flags, AMBIGUOUS_WHITESPACE]
 
     def readings(self, record: GenerationRecord, delta: int) -> list[tuple[list[str], str, str, bool]]:
         """(flags, reasoning, content, markers-as-specials) to try, fewest changes first; the first is
@@ -191,7 +223,7 @@ class Rebuilder:
                         flags = list(mode_flags)
                         for (segment, side), ws in zip(chosen, spaces):
                             texts[segment] = ws + texts[segment] if side == "lead" else texts[segment] + ws
-                            flags.append(f"whitespace:{segment}.{side}={ws!r}")
+                            flags.append(whitespace_flag(segment, side, ws))
                         out.append((flags, texts["reasoning"], texts["content"], as_specials))
         return out
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from rich.table import Table
 
-from eyas.tokenize.rebuild import Dropped, Sample
+from eyas.tokenize.rebuild import AMBIGUOUS_WHITESPACE, Dropped, Sample
 from eyas.tokenize.verify import Mismatch
 
 MAX_LISTED = 1000
@@ -127,7 +127,8 @@ def table(reports: list[DatasetReport]) -> Table:
 
 
 def details(report: DatasetReport, limit: int = 20) -> list[str]:
-    """Lines under the table: exact-match rate per finish reason, flags, each mismatch and drop."""
+    """Lines under the table: exact-match rate per finish reason, flags (what ambiguous whitespace
+    means, since its ids are a guess), each mismatch and drop."""
     name = report.dataset
     lines = [
         f"{name}: ids exact on {finish} samples: {_pct(exact, n)} ({exact}/{n})"
@@ -140,6 +141,11 @@ def details(report: DatasetReport, limit: int = 20) -> list[str]:
         )
     if report.flags:
         lines.append(f"{name}: flags " + ", ".join(f"{k} {v}" for k, v in report.flags.most_common()))
+    if report.flags[AMBIGUOUS_WHITESPACE]:
+        lines.append(
+            f"{name}: {AMBIGUOUS_WHITESPACE} on {report.flags[AMBIGUOUS_WHITESPACE]} samples: whitespace restored at "
+            "other edges matched billing as well; the format's documented separator was kept (else the first tried)"
+        )
     if report.mismatch_causes:
         lines.append(f"{name}: mismatch causes " + ", ".join(f"{k} {v}" for k, v in report.mismatch_causes.most_common()))
     for m in report.mismatches[:limit]:

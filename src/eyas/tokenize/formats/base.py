@@ -62,6 +62,12 @@ class Format:
     """Special strings the model itself may emit inside text (servers return them raw)."""
     expected_ids: dict[str, int] = {}
     """Special ids the tokenizer must give; anything else is an error at start."""
+    separators: dict[tuple[str, str], str] = {}
+    """Whitespace the model writes at a reasoning/content edge (``("content", "lead")`` is just after
+    ``</think>``) that the layout leaves to the returned text, so a server that strips loses it.
+    Billing counts tokens, not where they go: when restorations at different edges match it
+    equally, the one restoring these wins. Empty where the format documents none (ChatML and
+    Llama 3 models write none around the answer); then the first tried wins."""
 
     def __init__(self, encoder: Any):
         self.encoder = encoder

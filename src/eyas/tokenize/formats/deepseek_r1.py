@@ -3,7 +3,8 @@
 Newer R1 templates end the generation prompt with ``<think>\\n``; the open tag is emitted by
 the model only when the prompt does not already end with it. Text is joined as the server
 returned it (vLLM's ``deepseek_r1`` parser does not strip); stripped whitespace is recovered
-by billing.
+by billing. The model ends its reasoning with a newline and opens its answer after
+``</think>\\n\\n``; those are its ``separators``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class DeepSeekR1(Format):
     think_close = "</think>"
     thinks = True
     emitted = ("<think>", "</think>", CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_SEP, CALL_END)
+    separators = {("reasoning", "trail"): "\n", ("content", "lead"): "\n\n"}
+    """``…\\n</think>\\n\\n…``: what a server that strips both segments removes."""
 
     def tool_calls(self, record: GenerationRecord, content: str) -> list[Piece]:
         if not record.tool_calls:

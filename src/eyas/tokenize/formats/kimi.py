@@ -38,6 +38,9 @@ class KimiK25(Format):
     thinks = True
     emitted = (*TOOL_MARKERS, "<think>", "</think>")
     expected_ids = {token: KIMI_SPECIAL_IDS[token] for token in _CHECKED}
+    separators: dict[tuple[str, str], str] = {}
+    """None documented: the reference layout has ``reasoning</think>content`` with nothing between
+    (``shared/reference/kimi-k2.md``), so tied whitespace readings keep the order tried."""
     open_think_in_prompt = True
     default_system = ""
     """K2.5's injection of a default system prompt is unverified: none unless configured."""

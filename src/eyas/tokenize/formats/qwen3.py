@@ -17,6 +17,8 @@ class Qwen3(Format):
     think_close = "</think>"
     thinks = True
     emitted = ("<think>", "</think>", "<tool_call>", "</tool_call>")
+    separators: dict[tuple[str, str], str] = {}
+    """None to restore: the layout writes ``<think>\\n``, ``\\n</think>\\n\\n`` itself, whatever the server returned."""
 
     def body(self, record, prompt_end, reasoning, content, markers_as_specials) -> list[Piece]:
         reasoning, content = self.raw_reasoning(reasoning, content, markers_as_specials)
