@@ -99,8 +99,8 @@ def summarize(config, results: dict[str, dict], wall_s: float) -> dict:
     tokenize = json.loads(paths.tokenize_report.read_text())
     verified = sum(d["verified"] for d in tokenize["datasets"].values())
     exact = sum(d["verified_exact"] for d in tokenize["datasets"].values())
-    merged = json.loads((paths.merge_dir / "stats.json").read_text())
-    report = json.loads((paths.eval_dir / "report.json").read_text())
+    merged = json.loads(paths.merge_stats.read_text())
+    report = json.loads(paths.eval_report.read_text())
     methods = report["methods"]
     lossless = all(m["lossless"]["identical"] == m["lossless"]["checked"] for m in methods.values())
     train_marker = paths.root / "pipeline" / "train.json"
@@ -119,7 +119,7 @@ def summarize(config, results: dict[str, dict], wall_s: float) -> dict:
         "tau_lookup": methods["prompt_lookup"]["tau"],
         "tau_broken": methods[DEMO_CONTROL]["tau"] if DEMO_CONTROL in methods else None,
         "lossless": lossless,
-        "export": str(paths.export_dir / "sglang"),
+        "export": str(paths.export("sglang")),
         "plot": str(paths.eval_dir / "acceptance.png"),
         "wall_seconds": wall_s,
     }

@@ -113,14 +113,14 @@ def table(inputs: Inputs, lines: list[Line]) -> Table:
 
 def gather(config: RunConfig) -> Inputs:
     """Read the inputs: the target's config (no weights), corpus lengths, extract settings."""
-    from eyas.target import load_model_config
+    from eyas.target import load_model_config, text_config
 
     paths = RunPaths.of(config)
     model_config = load_model_config(config.target)
-    text = getattr(model_config, "text_config", None) or model_config
+    text = text_config(model_config)
     histograms, source = _corpus(config, paths)
     throughput, throughput_source = config.extract.throughput_tokens_per_s, "assumed (extract.throughput_tokens_per_s)"
-    index = paths.hidden_dir / "index.json"
+    index = paths.hidden_index
     measured = json.loads(index.read_text()) if index.is_file() else {}
     # A measurement beats the assumption, but only one made with the engine configured now.
     if measured.get("tokens_per_s") and config.extract.engine in measured.get("engines", ["transformers"]):
@@ -149,7 +149,7 @@ def engine_description(x: ExtractConfig) -> str:
 
 
 def _corpus(config: RunConfig, paths: RunPaths) -> tuple[dict[str, list[dict]], str]:
-    stats = paths.merge_dir / "stats.json"
+    stats = paths.merge_stats
     if stats.is_file():
         data = json.loads(stats.read_text())
         return {name: d["train"]["length_histogram"] for name, d in data["datasets"].items()}, "merged train split"

@@ -99,12 +99,12 @@ def _used(config: RunConfig) -> list[str]:
 
 STAGES: tuple[Stage, ...] = (
     Stage("generate", ("target", "datasets", "generate"), lambda c, p: [p.generations(d.name) for d in c.datasets], _generate, True),
-    Stage("tokenize", ("tokenize",), lambda c, p: [p.tokenize_dir / "report.json"] + [p.tokenized(d) for d in _used(c)], _tokenize),
-    Stage("merge", ("merge", "datasets"), lambda c, p: [p.merge_dir / "stats.json"], _merge),
-    Stage("extract", ("extract",), lambda c, p: [p.hidden_dir / "index.json"], _extract),
-    Stage("train", ("train", "extract"), lambda c, p: [p.train_dir / "final" / "config.json", p.train_dir / "final" / "model.safetensors"], _train),
-    Stage("export", ("train",), lambda c, p: [p.export_dir / f / "config.json" for f in _export_formats(c)], _export),
-    Stage("eval", ("eval",), lambda c, p: [p.eval_dir / "report.json"], _eval, True),
+    Stage("tokenize", ("tokenize",), lambda c, p: [p.tokenize_report] + [p.tokenized(d) for d in _used(c)], _tokenize),
+    Stage("merge", ("merge", "datasets"), lambda c, p: [p.merge_stats], _merge),
+    Stage("extract", ("extract",), lambda c, p: [p.hidden_index], _extract),
+    Stage("train", ("train", "extract"), lambda c, p: [p.train_final / "config.json", p.train_final / "model.safetensors"], _train),
+    Stage("export", ("train",), lambda c, p: [p.export(f) / "config.json" for f in _export_formats(c)], _export),
+    Stage("eval", ("eval",), lambda c, p: [p.eval_report], _eval, True),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 

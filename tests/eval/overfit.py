@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from eyas.config import TrainConfig
+from eyas.drafter.model import Eagle3Drafter
+from eyas.drafter.spec import spec_for_target
 from eyas.target.capture import capture, default_aux_layers, num_decoder_layers
-from eyas.train.drafter import Eagle3Drafter
-from eyas.train.spec import spec_for_target
 
 TEXTS = ("What is the capital of France?", "Name three primary colors.", "Why is the sky blue?")
 OVERFIT_NEW = 16

@@ -77,8 +77,8 @@ def test_an_export_read_with_shifted_layer_ids_loses_acceptance(tmp_path):
     move the residual stream a lot (init std 1.0) makes the loss plain, as on large targets."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from eyas.drafter.model import Eagle3Drafter
     from eyas.eval.decode import greedy_decode
-    from eyas.train.drafter import Eagle3Drafter
 
     from .overfit import overfit_drafter
 

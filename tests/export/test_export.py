@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 import eyas.export
 from eyas.config import ConfigError
-from eyas.train.drafter import Eagle3Drafter
+from eyas.drafter.model import Eagle3Drafter
 from tests.train.conftest import load_tiny, subprocess_env, write_config
 from tests.train.helpers import small_drafter
 
@@ -141,8 +141,8 @@ def test_speculators_readme_serves_the_directory(trained_run, tmp_path):
 
 def test_export_is_in_the_targets_dtype(trained_run, model, tmp_path):
     """SGLang runs a float32 drafter in float16 beside a bfloat16 target: the export follows the target."""
+    from eyas.drafter import layout
     from eyas.export import target_dtype
-    from eyas.train import layout
 
     class Config:
         dtype = "bfloat16"

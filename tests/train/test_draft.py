@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eyas.drafter.session import DraftSession
 from eyas.target.capture import capture
-from eyas.train.draft import DraftSession
 from tests.train.helpers import small_drafter
 
 K = 3

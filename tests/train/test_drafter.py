@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from eyas.config import TrainConfig
+from eyas.drafter.model import Eagle3Drafter
+from eyas.drafter.spec import spec_for_target
 from eyas.target.capture import default_aux_layers
-from eyas.train.drafter import Eagle3Drafter
-from eyas.train.spec import spec_for_target
 from tests.train.helpers import small_drafter
 
 

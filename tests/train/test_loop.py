@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 import eyas.train
 from eyas.config import ConfigError
-from eyas.train.drafter import Eagle3Drafter
+from eyas.drafter.model import Eagle3Drafter
 from eyas.train.metrics import read_metrics
 from tests.train.conftest import copy_run, load_tiny, subprocess_env, write_config
 

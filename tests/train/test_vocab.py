@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from eyas.config import ConfigError
-from eyas.train.vocab import build_vocab, count_answer_tokens, draft_vocab_size, load_vocab, save_vocab
+from eyas.drafter.vocab import build_vocab, count_answer_tokens, draft_vocab_size, load_vocab, save_vocab
 
 ROWS = [
     {"input_ids": [5, 9, 9, 3, 7, 7, 7], "loss_mask": [0, 0, 1, 1, 1, 1, 1]},

@@ -63,7 +63,7 @@ ENGINE_ONLY_KEYS = {"max_prompts", "engine", "tensor_parallel_size"}
 
 def default_draft_dir(paths: RunPaths, engine: str = "eyas") -> Path:
     """Where ``eyas export`` puts the drafter the engine serves: the SGLang layout, or vLLM's."""
-    return paths.export_dir / ("vllm" if engine == "vllm" else "sglang")
+    return paths.export("vllm" if engine == "vllm" else "sglang")
 
 
 def run(
@@ -129,7 +129,7 @@ def run(
 
 def _finish(report: dict, paths: RunPaths, quiet: bool) -> dict:
     """Write the report and its plot, print the table, log every failed check."""
-    write_report(paths.eval_dir / "report.json", report)
+    write_report(paths.eval_report, report)
     plot_acceptance(report, paths.eval_dir / "acceptance.png")
     if not quiet:
         console.print(table(report))

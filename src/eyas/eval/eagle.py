@@ -1,6 +1,6 @@
 """EAGLE-3 proposer: the trained drafter behind the loop's :class:`~eyas.eval.decode.Proposer`.
 
-The drafter keeps its own KV cache in a :class:`~eyas.train.draft.DraftSession`; the loop
+The drafter keeps its own KV cache in a :class:`~eyas.drafter.session.DraftSession`; the loop
 hands it the target's aux states at each committed position, as SGLang and vLLM do after
 every verification pass. ``aux_order`` permutes the three aux layers before the drafter sees
 them: ``(2, 1, 0)`` is the broken control — the reference job's concatenation bug — whose τ
@@ -25,7 +25,7 @@ BROKEN_ORDER = (2, 1, 0)
 
 def load_drafter(directory: Path, target_model):
     """The drafter saved in ``directory`` (export or training checkpoint) on the target's device."""
-    from eyas.train.drafter import Eagle3Drafter
+    from eyas.drafter.model import Eagle3Drafter
 
     if not (directory / "config.json").is_file():
         raise ConfigError(f"eval: {directory} holds no drafter (no config.json); run `eyas train` and `eyas export`, or pass --draft DIR")
@@ -35,7 +35,7 @@ def load_drafter(directory: Path, target_model):
 
 
 class EagleProposer:
-    """Implements the Proposer protocol with an :class:`~eyas.train.drafter.Eagle3Drafter`."""
+    """Implements the Proposer protocol with an :class:`~eyas.drafter.model.Eagle3Drafter`."""
 
     def __init__(
         self, drafter, name: str = "eagle3", aux_order: tuple[int, ...] | None = None, sample_drafts: bool = False
@@ -50,7 +50,7 @@ class EagleProposer:
         self.session = None
 
     def reset(self, prompt_ids: list[int]) -> None:
-        from eyas.train.draft import DraftSession
+        from eyas.drafter.session import DraftSession
 
         self.session = DraftSession(self.drafter)
 

@@ -6,7 +6,7 @@ Consumes ``<run_dir>/train/final/`` (written by ``eyas train``). Produces
 
 - ``sglang`` and ``vllm``: ``LlamaForCausalLMEagle3`` with ``midlayer.*`` weights; the aux layer
   ids sit under ``eagle_config`` as output-layer ids (SGLang) and at the top level as
-  capture-before-layer ids, one higher (vLLM, llama.cpp); see :mod:`eyas.train.layout`.
+  capture-before-layer ids, one higher (vLLM, llama.cpp); see :mod:`eyas.drafter.layout`.
 - ``speculators``: ``Eagle3Speculator`` with ``layers.0.*`` weights, the Llama layer config under
   ``transformer_layer_config`` and a greedy proposal of ``eval.num_draft_tokens`` tokens.
 
@@ -15,7 +15,7 @@ runs a float32 drafter in float16 beside a bfloat16 target, so a float32 export 
 only for a float32 target. Training checkpoints stay float32.
 
 Guarantees: the directory appears complete or not at all (written aside, then renamed), and
-:meth:`eyas.train.drafter.Eagle3Drafter.load` reloads it to the same outputs.
+:meth:`eyas.drafter.model.Eagle3Drafter.load` reloads it to the same outputs.
 """
 
 from __future__ import annotations
@@ -40,18 +40,16 @@ def target_dtype(model_config: Any) -> torch.dtype:
 
 def run(config: RunConfig, format: str = "sglang", out: str | Path | None = None, quiet: bool = False) -> Path:
     """Write the export; returns its directory."""
+    from eyas.drafter import layout
     from eyas.export.readme import serve_readme
     from eyas.paths import RunPaths
-    from eyas.target import load_model_config, resolve_target
+    from eyas.target import load_model_config, resolve_target, text_config
     from eyas.target.capture import check_aux_layers
-    from eyas.train import layout
-    from eyas.train.heads import text_config
-    from eyas.train.loop import final_dir
 
     if format not in FORMATS:
         raise ConfigError(f"--format: {format!r} is not one of {', '.join(FORMATS)}")
     paths = RunPaths.of(config)
-    source = final_dir(paths)
+    source = paths.train_final
     if not (source / layout.CONFIG_FILE).is_file():
         raise ConfigError(f"{source}: no trained drafter yet; run `eyas train CONFIG` first")
     model_config = load_model_config(config.target)
@@ -62,7 +60,7 @@ def run(config: RunConfig, format: str = "sglang", out: str | Path | None = None
     except ValueError as e:
         raise ConfigError(str(e)) from None
     dtype = target_dtype(model_config)
-    out = Path(out) if out is not None else paths.export_dir / format
+    out = Path(out) if out is not None else paths.export(format)
     verifier = resolve_target(config.target).name_or_path
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -42,13 +42,13 @@ class Job:
 
 
 def plan_job(config: RunConfig, paths: RunPaths) -> Job:
-    from eyas.target import load_model_config
+    from eyas.target import load_model_config, text_config
 
     lengths = split_lengths(paths, "train")
     if not lengths:
         raise ConfigError(f"{paths.merge_dir}: the train split is empty; nothing to extract")
     model_config = load_model_config(config.target)
-    text = getattr(model_config, "text_config", None) or model_config
+    text = text_config(model_config)
     num_layers, hidden = text.num_hidden_layers, text.hidden_size
     x = config.extract
     aux_layers = list(x.aux_layers) if x.aux_layers is not None else default_aux_layers(num_layers)
@@ -62,7 +62,7 @@ def plan_job(config: RunConfig, paths: RunPaths) -> Job:
         "aux_layers": aux_layers,
         "dtype": x.dtype,
         "shard_tokens": shard_tokens,
-        "merge_stats_sha256": hashlib.sha256((paths.merge_dir / "stats.json").read_bytes()).hexdigest(),
+        "merge_stats_sha256": hashlib.sha256(paths.merge_stats.read_bytes()).hexdigest(),
     }
     return Job(aux_layers, hidden, num_layers, plan.plan_shards(lengths, shard_tokens), lengths, settings, content_hash(settings))
 

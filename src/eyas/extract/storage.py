@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from eyas.paths import HIDDEN_INDEX
 from eyas.tensorfile import save_tensors
 
 FORMAT = "eyas-hidden/1"
@@ -38,7 +39,7 @@ def sidecar_path(directory: Path, shard: int) -> Path:
 
 
 def index_path(directory: Path) -> Path:
-    return directory / "index.json"
+    return directory / HIDDEN_INDEX
 
 
 def quantize(x: torch.Tensor, layers: int) -> tuple[torch.Tensor, torch.Tensor]:

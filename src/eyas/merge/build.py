@@ -26,7 +26,7 @@ from eyas.console import progress
 from eyas.merge import plan
 from eyas.merge.shuffle import Buckets, SplitWriter
 from eyas.merge.stats import DROP_REASONS, SplitStats
-from eyas.paths import RunPaths
+from eyas.paths import MERGE_STATS, RunPaths
 from eyas.records import SCHEMA_VERSION, TOKENIZED_COLUMNS, tokenized_arrow_schema
 
 log = logging.getLogger(__name__)
@@ -235,7 +235,7 @@ def _shuffle_and_write(config: RunConfig, paths: RunPaths, scans: list[Scan], ph
 
     stats.update({split: total.to_json() for split, total in totals.items()})
     stats["dropped"] = {r: sum(e["dropped"][r] for e in stats["datasets"].values()) for r in DROP_REASONS}
-    (tmp / "stats.json").write_text(json.dumps(stats, indent=2))
+    (tmp / MERGE_STATS).write_text(json.dumps(stats, indent=2))
     _replace(tmp, paths.merge_dir)
     return stats
 

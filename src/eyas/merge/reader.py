@@ -31,7 +31,7 @@ def _check_split(split: str) -> None:
 
 
 def _require_merged(paths: RunPaths) -> None:
-    if not (paths.merge_dir / "stats.json").is_file():
+    if not paths.merge_stats.is_file():
         raise ConfigError(f"{paths.merge_dir}: no merged corpus yet; run `eyas merge CONFIG` first")
 
 

@@ -178,6 +178,11 @@ def load_model_config(cfg: TargetConfig) -> Any:
     )
 
 
+def text_config(model_config: Any) -> Any:
+    """The language model's part of a config: multimodal targets (Kimi K2.5) nest it."""
+    return model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+
+
 def pick_device(cfg: TargetConfig) -> torch.device:
     import torch
 

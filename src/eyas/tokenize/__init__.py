@@ -129,12 +129,8 @@ def _fingerprint(config: RunConfig, source: Path, verify_ids: bool) -> dict:
     }
 
 
-def _done_path(paths: RunPaths, dataset: str) -> Path:
-    return paths.tokenize_dir / f"{dataset}.done.json"
-
-
 def _load_done(paths: RunPaths, dataset: str, key: dict) -> DatasetReport | None:
-    marker = _done_path(paths, dataset)
+    marker = paths.tokenize_done(dataset)
     if not marker.exists() or not paths.tokenized(dataset).exists():
         return None
     saved = json.loads(marker.read_text())
@@ -143,7 +139,7 @@ def _load_done(paths: RunPaths, dataset: str, key: dict) -> DatasetReport | None
 
 def _save_done(paths: RunPaths, dataset: str, key: dict, report: DatasetReport) -> None:
     """Written after the Parquet file is in place: its existence means the dataset is complete."""
-    _write_json(_done_path(paths, dataset), {"key": key, "report": report.to_dict()})
+    _write_json(paths.tokenize_done(dataset), {"key": key, "report": report.to_dict()})
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -8,7 +8,7 @@ Produces under ``<run_dir>/train/``: ``vocab.safetensors`` (the draft vocabulary
 resume), ``checkpoints/step-N/`` (the two newest), ``metrics.jsonl`` (per step: loss,
 per-step top-1 accuracy, simulated acceptance length, lr, tokens/s; per evaluation on the
 eval split: the same), and ``final/`` — the trained drafter in the SGLang/vLLM layout,
-loadable with :meth:`eyas.train.drafter.Eagle3Drafter.load`.
+loadable with :meth:`eyas.drafter.model.Eagle3Drafter.load`.
 
 Guarantees: an interrupted run continues from its newest checkpoint exactly as if it had
 never stopped (weights, optimizer, scheduler, RNG and data position); the same command

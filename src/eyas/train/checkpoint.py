@@ -23,8 +23,8 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from eyas.config import ConfigError
-from eyas.train.drafter import saved_only
-from eyas.train.layout import WEIGHTS_FILE, save_sglang
+from eyas.drafter.layout import WEIGHTS_FILE, save_sglang
+from eyas.drafter.model import saved_only
 
 STATE_FILE = "state.pt"
 KEEP = 2

@@ -14,24 +14,23 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from eyas.config import ConfigError, RunConfig
 from eyas.console import progress
+from eyas.drafter.model import Eagle3Drafter
+from eyas.drafter.spec import spec_for_target
+from eyas.drafter.vocab import build_vocab, count_answer_tokens, draft_vocab_size, load_vocab, save_vocab
 from eyas.paths import RunPaths
 from eyas.target import load_model
 from eyas.target.capture import check_aux_layers, default_aux_layers, num_decoder_layers
+from eyas.target.heads import TargetParts, from_files, from_model
 from eyas.train import checkpoint
 from eyas.train.data import OfflineSource, OnlineSource, Schedule, check_sizes, read_split
 from eyas.train.distributed import World
-from eyas.train.drafter import Eagle3Drafter
 from eyas.train.evaluate import TargetHead, batch_stats, evaluate, summarize, totals
-from eyas.train.heads import TargetParts, from_files, from_model
 from eyas.train.metrics import MetricsLog
-from eyas.train.spec import spec_for_target
-from eyas.train.vocab import build_vocab, count_answer_tokens, draft_vocab_size, load_vocab, save_vocab
 
 log = logging.getLogger(__name__)
 
@@ -62,25 +61,12 @@ def fingerprint(config: RunConfig, aux_layers: list[int]) -> dict:
     return {**keys, "target.model": config.target.model, "aux_layers": list(aux_layers)}
 
 
-def vocab_path(paths: RunPaths) -> Path:
-    return paths.train_dir / "vocab.safetensors"
-
-
-def final_dir(paths: RunPaths) -> Path:
-    """The finished drafter (SGLang layout), what export and eval read."""
-    return paths.train_dir / "final"
-
-
-def metrics_path(paths: RunPaths) -> Path:
-    return paths.train_dir / "metrics.jsonl"
-
-
 def prepare_vocab(config: RunConfig, paths: RunPaths, vocab_size: int, world: World) -> tuple[torch.Tensor, torch.Tensor]:
     """The run's draft vocabulary: reused when saved, else counted from the train split."""
     from eyas.merge.reader import iter_split
 
     size = draft_vocab_size(config.train.draft_vocab_size, vocab_size)
-    path = vocab_path(paths)
+    path = paths.train_vocab
     if path.is_file():
         d2t, t2d = load_vocab(path)
         if d2t.shape[0] != size or t2d.shape[0] != vocab_size:
@@ -171,7 +157,7 @@ def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int 
     if resume_from is not None:
         step = checkpoint.restore(resume_from, drafter, optimizer, scheduler, fingerprint(config, aux_layers))
         log.info("resuming from %s (step %d of %d)", resume_from, step, total)
-    metrics = MetricsLog(metrics_path(paths), world.is_main)
+    metrics = MetricsLog(paths.train_metrics, world.is_main)
     metrics.truncate_after(step)
 
     head = TargetHead(parts.lm_head, torch.arange(d2t.shape[0], device=world.device) + d2t.to(world.device), t2d.to(world.device))
@@ -239,7 +225,7 @@ def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int 
         return {"step": step, "total_steps": total, "final": None, "eval": None}
     run_eval(step)
     weights, _ = checkpoint.full_state(drafter, optimizer)
-    out = checkpoint.write_drafter(weights, spec, final_dir(paths)) if world.is_main else final_dir(paths)
+    out = checkpoint.write_drafter(weights, spec, paths.train_final) if world.is_main else paths.train_final
     world.barrier()
     log.info("drafter written to %s", out)
     return {"step": step, "total_steps": total, "final": str(out), "eval": last_eval}

@@ -17,7 +17,7 @@ import torch
 from safetensors import safe_open
 
 from eyas.config import ConfigError, TargetConfig
-from eyas.target import load_model_config, pick_dtype, resolve_target
+from eyas.target import load_model_config, pick_dtype, resolve_target, text_config
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -31,10 +31,6 @@ class TargetParts:
     """[V, H] token embedding."""
     lm_head: torch.Tensor
     """[V, H] output projection (the embedding itself when tied)."""
-
-
-def text_config(config) -> Any:
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def from_model(model) -> TargetParts:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eyas.config import ConfigError, TrainConfig
+from eyas.target import text_config
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def rope_parameters_of(target_config) -> dict[str, Any]:
 
 def spec_for_target(target_config, train: TrainConfig, aux_layers: list[int], draft_vocab_size: int) -> DrafterSpec:
     """Drafter sizes: the target's, each overridable by its ``train.*`` key."""
-    text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    text = text_config(target_config)
     target_hidden = text.hidden_size
     hidden = train.hidden_size or target_hidden
     if hidden != target_hidden:

@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from eyas.drafter.spec import DrafterSpec
 from eyas.target.capture import default_aux_layers, hf_hidden_state_indices
 from eyas.tensorfile import save_tensors
-from eyas.train.spec import DrafterSpec
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"

@@ -12,7 +12,7 @@ Shape (names are the exported weight names):
 
 The layer's output *before* ``norm`` is the hidden state fed back at the next drafting step.
 Two callers drive the layer: :meth:`Eagle3Drafter.unroll` (training-time test over whole
-sequences) and :class:`eyas.train.draft.DraftSession` (incremental, as servers run it); both
+sequences) and :class:`eyas.drafter.session.DraftSession` (incremental, as servers run it); both
 go through :meth:`Midlayer.project` and :meth:`Midlayer.finish`, so they cannot drift apart.
 """
 
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from eyas.train.spec import DrafterSpec
+from eyas.drafter.spec import DrafterSpec
 
 
 class Midlayer(nn.Module):
@@ -165,7 +165,7 @@ class Eagle3Drafter(nn.Module):
 
     def save(self, directory: str | Path) -> None:
         """Write ``config.json`` and ``model.safetensors`` in the SGLang/vLLM layout."""
-        from eyas.train.layout import save_sglang
+        from eyas.drafter.layout import save_sglang
 
         save_sglang(self.trainable_state_dict(), self.spec, Path(directory))
 
@@ -173,8 +173,8 @@ class Eagle3Drafter(nn.Module):
     def load(cls, directory: str | Path, target_model) -> Eagle3Drafter:
         """A drafter from a training checkpoint, ``train/final``, an export (any format) or a
         foreign EAGLE-3 checkpoint; the embedding comes from ``target_model``."""
+        from eyas.drafter.layout import CONFIG_FILE, read_drafter
         from eyas.target.capture import check_aux_layers, num_decoder_layers
-        from eyas.train.layout import CONFIG_FILE, read_drafter
 
         num_layers = num_decoder_layers(target_model)
         spec, weights = read_drafter(Path(directory), num_layers)

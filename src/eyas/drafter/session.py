@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from eyas.train.drafter import Eagle3Drafter, expand_kv
+from eyas.drafter.model import Eagle3Drafter, expand_kv
 
 
 class DraftSession:
