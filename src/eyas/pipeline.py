@@ -1,13 +1,13 @@
 """``eyas run``: every configured stage in order, skipping what is done, refusing stale input.
 
 Order: generate, tokenize, merge, extract (skipped when ``extract.mode: online``), train,
-export, eval. Each stage's outputs are known files under ``run_dir``; after a stage finishes
-the pipeline writes ``run_dir/pipeline/<stage>.json`` with a hash of the config sections that
-shape that stage's output. A stage is
+export, eval. Each stage declares its outputs and fingerprint (:mod:`eyas.stage`); after a
+stage finishes the pipeline writes ``run_dir/pipeline/<stage>.json`` with a hash of that
+fingerprint, the same one the stage's own resume check uses. A stage is
 
 - *missing* when one of its outputs does not exist,
-- *stale* when an output is older than its upstream stage's newest output, or the config
-  sections it was made with have changed since,
+- *stale* when an output is older than its upstream stage's newest output, or its
+  fingerprint has changed since,
 - *done* otherwise, and then skipped.
 
 A stage whose input (the previous stage's output) is missing or stale is not started: the
@@ -27,85 +27,47 @@ from typing import Any
 
 from eyas.config import ConfigError, RunConfig
 from eyas.console import console
+from eyas.files import write_json_atomic
 from eyas.paths import RunPaths
 from eyas.records import content_hash
+from eyas.stage import StageContract
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Stage:
-    name: str
-    sections: tuple[str, ...]
-    """Config sections whose change makes this stage's output stale."""
-    outputs: Callable[[RunConfig, RunPaths], list[Path]]
-    """Files whose existence means the stage has finished."""
+    contract: StageContract
+    """Its outputs and fingerprint, declared by the stage itself."""
     call: Callable[[RunConfig, bool, bool], Any]
     """(config, quiet, verify_ids) -> the stage's result."""
     resumes_itself: bool = False
     """Always called: the stage skips its own finished work (per prompt) and guards its settings."""
 
+    @property
+    def name(self) -> str:
+        return self.contract.name
 
-def _generate(config, quiet, verify_ids):
-    from eyas import generate
-
-    return generate.run(config, quiet)
-
-
-def _tokenize(config, quiet, verify_ids):
-    from eyas import tokenize
-
-    return tokenize.run(config, quiet, verify_ids=verify_ids)
+    def outputs(self, config: RunConfig, paths: RunPaths) -> list[Path]:
+        return self.contract.outputs(config, paths)
 
 
-def _merge(config, quiet, verify_ids):
-    from eyas import merge
-
-    return merge.run(config, quiet)
-
-
-def _extract(config, quiet, verify_ids):
-    from eyas import extract
-
-    return extract.run(config, quiet)
-
-
-def _train(config, quiet, verify_ids):
-    from eyas import train
-
-    return train.run(config, quiet)
-
-
-def _export_formats(config: RunConfig) -> list[str]:
-    """The SGLang layout always; vLLM's too when eval serves the export in vLLM."""
-    return ["sglang", "vllm"] if config.eval.engine == "vllm" else ["sglang"]
-
-
-def _export(config, quiet, verify_ids):
-    from eyas import export
-
-    return [export.run(config, f, None, quiet) for f in _export_formats(config)]
-
-
-def _eval(config, quiet, verify_ids):
+def _stages() -> tuple[Stage, ...]:
     from eyas import eval as evaluation
+    from eyas import export, extract, generate, merge, tokenize, train
 
-    return evaluation.run(config, quiet)
+    return (
+        Stage(generate.CONTRACT, lambda c, quiet, v: generate.run(c, quiet), True),
+        Stage(tokenize.CONTRACT, lambda c, quiet, v: tokenize.run(c, quiet, verify_ids=v)),
+        Stage(merge.CONTRACT, lambda c, quiet, v: merge.run(c, quiet)),
+        Stage(extract.CONTRACT, lambda c, quiet, v: extract.run(c, quiet)),
+        Stage(train.CONTRACT, lambda c, quiet, v: train.run(c, quiet)),
+        Stage(export.CONTRACT, lambda c, quiet, v: [export.run(c, f, None, quiet) for f in export.formats_for(c)]),
+        Stage(evaluation.CONTRACT, lambda c, quiet, v: evaluation.run(c, quiet), True),
+    )
 
 
-def _used(config: RunConfig) -> list[str]:
-    return [d.name for d in config.datasets if not d.drop]
-
-
-STAGES: tuple[Stage, ...] = (
-    Stage("generate", ("target", "datasets", "generate"), lambda c, p: [p.generations(d.name) for d in c.datasets], _generate, True),
-    Stage("tokenize", ("tokenize",), lambda c, p: [p.tokenize_report] + [p.tokenized(d) for d in _used(c)], _tokenize),
-    Stage("merge", ("merge", "datasets"), lambda c, p: [p.merge_stats], _merge),
-    Stage("extract", ("extract",), lambda c, p: [p.hidden_index], _extract),
-    Stage("train", ("train", "extract"), lambda c, p: [p.train_final / "config.json", p.train_final / "model.safetensors"], _train),
-    Stage("export", ("train",), lambda c, p: [p.export(f) / "config.json" for f in _export_formats(c)], _export),
-    Stage("eval", ("eval",), lambda c, p: [p.eval_report], _eval, True),
-)
+STAGES = _stages()
 STAGE_NAMES = tuple(s.name for s in STAGES)
 
 
@@ -115,12 +77,7 @@ def active_stages(config: RunConfig) -> list[Stage]:
 
 
 def _settings(config: RunConfig, stage: Stage) -> str:
-    data = config.model_dump(mode="json")
-    return content_hash({section: data[section] for section in stage.sections})
-
-
-def _marker(paths: RunPaths, stage: Stage) -> Path:
-    return paths.root / "pipeline" / f"{stage.name}.json"
+    return content_hash(stage.contract.fingerprint(config))
 
 
 def state(config: RunConfig, stage: Stage, upstream: Stage | None) -> tuple[str, str]:
@@ -130,9 +87,9 @@ def state(config: RunConfig, stage: Stage, upstream: Stage | None) -> tuple[str,
     absent = [p for p in outputs if not p.exists()]
     if absent:
         return "missing", f"{absent[0]} does not exist"
-    marker = _marker(paths, stage)
+    marker = paths.stage_marker(stage.name)
     if marker.is_file() and json.loads(marker.read_text()).get("settings") != _settings(config, stage):
-        return "stale", f"config sections {', '.join(stage.sections)} changed since it ran"
+        return "stale", "the settings it depends on changed since it ran"
     if upstream is not None:
         inputs = [p for p in upstream.outputs(config, paths) if p.exists()]
         oldest = min(p.stat().st_mtime for p in outputs)
@@ -194,9 +151,7 @@ def run(
         # CPU time beside wall time: on a shared machine it is the figure that predicts an idle one.
         seconds, cpu_seconds = time.monotonic() - started, time.process_time() - cpu_started
         log.info("%s: done in %.0f s (%.0f s of CPU)", stage.name, seconds, cpu_seconds)
-        marker = _marker(paths, stage)
-        marker.parent.mkdir(parents=True, exist_ok=True)
         timing = {"seconds": seconds, "cpu_seconds": cpu_seconds}
-        marker.write_text(json.dumps({"settings": _settings(config, stage), **timing, "finished": time.time()}))
+        write_json_atomic(paths.stage_marker(stage.name), {"settings": _settings(config, stage), **timing, "finished": time.time()})
         results[stage.name] = {"status": "ran", **timing, "result": result}
     return results

@@ -77,6 +77,15 @@ def test_full_run_then_skip_then_refuse_stale(config_path):
     with pytest.raises(ConfigError, match=r"stage merge is stale .*--from merge"):
         pipeline.run(config, quiet=True, first="train")
 
+    # Another tokenizer: `eyas tokenize` would redo the ids, so `eyas run` must not skip it either.
+    from eyas.target import resolve_target
+
+    other = config.model_copy(update={"target": config.target.model_copy(update={"tokenizer": resolve_target(config.target).name_or_path})})
+    tokenize_stage = next(s for s in pipeline.STAGES if s.name == "tokenize")
+    assert pipeline.state(other, tokenize_stage, None)[0] == "stale"
+    assert pipeline.run(other, quiet=True, first="tokenize", last="tokenize")["tokenize"]["status"] == "ran"
+    assert pipeline.state(other, tokenize_stage, None)[0] == "done"
+
 
 def test_demo_config_is_valid_and_states_its_sizes(tmp_path):
     path = write_demo_config(tmp_path)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from eyas.files import atomic_path
 from eyas.tensorfile import save_tensors
 
 DEFAULT_DRAFT_VOCAB = 32_000
@@ -58,10 +59,8 @@ def build_vocab(counts: np.ndarray, size: int) -> tuple[torch.Tensor, torch.Tens
 
 
 def save_vocab(path: Path, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_tensors({"d2t": d2t.contiguous(), "t2d": t2d.contiguous()}, tmp)
-    tmp.replace(path)
+    with atomic_path(path) as tmp:
+        save_tensors({"d2t": d2t.contiguous(), "t2d": t2d.contiguous()}, tmp)
 
 
 def load_vocab(path: Path) -> tuple[torch.Tensor, torch.Tensor]:

@@ -52,12 +52,16 @@ from eyas.eval.report import (
 from eyas.jsonl import DurableAppender, read_jsonl, recover
 from eyas.paths import RunPaths
 from eyas.records import content_hash
+from eyas.stage import StageContract
 
 log = logging.getLogger(__name__)
 
 __all__ = ["run", "default_draft_dir", "engine_failures", "lossless_failures"]
 
-ENGINE_ONLY_KEYS = {"max_prompts", "engine", "tensor_parallel_size"}
+CONTRACT = StageContract("eval", lambda c, p: [p.eval_report], lambda c: {"eval": c.eval.model_dump(mode="json")})
+"""Eval resumes per prompt on its own (results keyed by settings and drafter); ``eyas run`` always calls it."""
+
+ENGINE_ONLY_KEYS = {"max_prompts", "engine", "in_process", "tensor_parallel_size"}
 """Eval settings that do not change eyas's own per-prompt results (so changing them reuses them)."""
 
 

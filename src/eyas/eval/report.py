@@ -9,11 +9,12 @@ prompt's output must equal plain greedy decoding of the target, token for token.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.table import Table
+
+from eyas.files import write_json_atomic
 
 PLAIN = "plain"
 
@@ -105,10 +106,7 @@ def engine_check_line(report: dict) -> str | None:
 
 
 def write_report(path: Path, report: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(path)
+    write_json_atomic(path, report)
 
 
 def table(report: dict) -> Table:

@@ -27,9 +27,23 @@ from typing import Any
 import torch
 
 from eyas.config import ConfigError, RunConfig
+from eyas.stage import StageContract, target_identity
 
 FORMATS = ("sglang", "vllm", "speculators")
 SERVED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def formats_for(config: RunConfig) -> list[str]:
+    """What ``eyas run`` exports: the SGLang layout always; vLLM's too when eval serves it in vLLM."""
+    return ["sglang", "vllm"] if config.eval.engine == "vllm" else ["sglang"]
+
+
+CONTRACT = StageContract(
+    "export",
+    lambda c, p: [p.export(f) / "config.json" for f in formats_for(c)],
+    # The target names the served dtype and the verifier; speculators' config holds the draft length.
+    lambda c: {"target": target_identity(c.target), "formats": formats_for(c), "num_draft_tokens": c.eval.num_draft_tokens},
+)
 
 
 def target_dtype(model_config: Any) -> torch.dtype:

@@ -22,8 +22,22 @@ from __future__ import annotations
 import logging
 
 from eyas.config import RunConfig
+from eyas.stage import StageContract
 
 log = logging.getLogger(__name__)
+
+
+def fingerprint(config: RunConfig) -> dict:
+    """What the stored states depend on: the target and which of its states, stored how.
+
+    Not the engine, its parallelism or batching: they change how fast, not what is stored.
+    The runner fills in the defaults (``aux_layers``, ``shard_tokens``) from the target.
+    """
+    x = config.extract
+    return {"target": config.target.model, "aux_layers": x.aux_layers, "dtype": x.dtype, "shard_tokens": x.shard_tokens}
+
+
+CONTRACT = StageContract("extract", lambda c, p: [p.hidden_index], fingerprint)
 
 
 def run(config: RunConfig, quiet: bool = False) -> dict | None:

@@ -18,7 +18,7 @@ import torch
 
 from eyas.config import ConfigError, RunConfig
 from eyas.console import progress
-from eyas.extract import plan, storage
+from eyas.extract import fingerprint, plan, storage
 from eyas.merge.reader import read_rows, split_lengths
 from eyas.paths import RunPaths
 from eyas.records import content_hash
@@ -58,9 +58,8 @@ def plan_job(config: RunConfig, paths: RunPaths) -> Job:
         raise ConfigError(str(e)) from None
     shard_tokens = x.shard_tokens or plan.default_shard_tokens(hidden, len(aux_layers), x.dtype)
     settings = {
-        "target": config.target.model,
+        **fingerprint(config),
         "aux_layers": aux_layers,
-        "dtype": x.dtype,
         "shard_tokens": shard_tokens,
         "merge_stats_sha256": hashlib.sha256(paths.merge_stats.read_bytes()).hexdigest(),
     }

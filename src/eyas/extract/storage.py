@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
 import torch
 
+from eyas.files import atomic_path, write_json_atomic
 from eyas.paths import HIDDEN_INDEX
 from eyas.tensorfile import save_tensors
 
@@ -100,11 +100,9 @@ def write_shard(directory: Path, shard: int, buffer: ShardBuffer, info: dict, st
     ``seconds`` in the sidecar runs from ``started`` (``time.monotonic()``) to the shard being
     on disk, so the throughput it implies includes writing and checksumming."""
     final_path = shard_path(directory, shard)
-    tmp = final_path.with_name(f"{final_path.name}.tmp-{os.getpid()}")
-    # One metadata key: safetensors writes several in hash order, and a redone shard should be byte-identical.
-    save_tensors(buffer.tensors, tmp, metadata={"eyas": json.dumps({"format": FORMAT, "ids": buffer.ids})})
-    _fsync(tmp)
-    tmp.replace(final_path)
+    with atomic_path(final_path) as tmp:
+        # One metadata key: safetensors writes several in hash order, and a redone shard should be byte-identical.
+        save_tensors(buffer.tensors, tmp, metadata={"eyas": json.dumps({"format": FORMAT, "ids": buffer.ids})})
     sidecar = {
         "shard": shard,
         "file": final_path.name,
@@ -117,13 +115,6 @@ def write_shard(directory: Path, shard: int, buffer: ShardBuffer, info: dict, st
     }
     write_json_atomic(sidecar_path(directory, shard), sidecar)
     return sidecar
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2))
-    _fsync(tmp)
-    tmp.replace(path)
 
 
 def read_sidecar(directory: Path, shard: int) -> dict | None:
@@ -140,9 +131,4 @@ def remove_partial(directory: Path, shard: int) -> None:
         leftover.unlink(missing_ok=True)
     if not sidecar_path(directory, shard).is_file():
         shard_path(directory, shard).unlink(missing_ok=True)
-
-
-def _fsync(path: Path) -> None:
-    with path.open("rb") as f:
-        os.fsync(f.fileno())
 

@@ -18,6 +18,7 @@ from eyas.generate.store import RecordWriter, conversation_for, make_record, sca
 from eyas.paths import RunPaths
 from eyas.prompts import iter_prompts
 from eyas.records import PromptRecord
+from eyas.stage import StageContract
 
 if TYPE_CHECKING:
     from eyas.target.generation import BatchGenerator
@@ -44,6 +45,13 @@ def sampling_settings(config: RunConfig) -> dict:
     if g.extra_body:
         settings["extra_body"] = g.extra_body
     return settings
+
+
+CONTRACT = StageContract(
+    "generate",
+    lambda c, p: [p.generations(d.name) for d in c.datasets],
+    lambda c: {"sampling": sampling_settings(c), "datasets": [d.model_dump(mode="json") for d in c.datasets]},
+)
 
 
 def run(config: RunConfig, quiet: bool = False) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eyas.config import ConfigError
+from eyas.files import write_json_atomic
 from eyas.jsonl import DurableAppender, JsonlError, read_jsonl, recover
 from eyas.records import GenerationRecord, PromptRecord, Usage
 
@@ -137,5 +138,4 @@ def settings_guard(path: Path, settings: dict) -> None:
                 "use a new run_dir or restore the settings"
             )
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(settings, indent=2, sort_keys=True))
+    write_json_atomic(path, settings, sort_keys=True)

@@ -18,8 +18,18 @@ import logging
 
 from eyas.config import RunConfig
 from eyas.console import console
+from eyas.stage import StageContract
 
 log = logging.getLogger(__name__)
+
+CONTRACT = StageContract(
+    "merge",
+    lambda c, p: [p.merge_stats],
+    lambda c: {
+        "merge": c.merge.model_dump(mode="json"),
+        "datasets": [d.model_dump(mode="json", include={"name", "weight", "max_tokens", "drop"}) for d in c.datasets],
+    },
+)
 
 
 def run(config: RunConfig, quiet: bool = False) -> dict:

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 
 from eyas.config import RunConfig
 from eyas.console import console, progress
+from eyas.files import write_json_atomic
 from eyas.generate.store import read_records
 from eyas.jsonl import read_jsonl
 from eyas.paths import RunPaths
+from eyas.stage import StageContract, target_identity
 from eyas.tokenize.formats import Format
 from eyas.tokenize.report import DatasetReport, details, table
 
@@ -57,7 +58,7 @@ def run(config: RunConfig, quiet: bool = False, verify_ids: bool = False) -> dic
         _save_done(paths, dataset.name, key, report)
         reports.append(report)
     result = {"format": fmt.name, "verify_ids": verify_ids, "datasets": {r.dataset: r.to_dict() for r in reports}}
-    _write_json(paths.tokenize_report, result)
+    write_json_atomic(paths.tokenize_report, result, ensure_ascii=False)
     if not quiet and reports:
         console.print(table(reports))
         for r in reports:
@@ -117,16 +118,26 @@ def _chunks(items, size: int):
         yield chunk
 
 
-def _fingerprint(config: RunConfig, source: Path, verify_ids: bool) -> dict:
-    """What the output depends on: the records file as it is now and the tokenize settings."""
-    st = source.stat()
+def fingerprint(config: RunConfig) -> dict:
+    """The settings a dataset's ids depend on: the grammar, stop strings, the target's tokenizer."""
     return {
-        "records": [st.st_size, st.st_mtime_ns],
         "tokenize": config.tokenize.model_dump(mode="json"),
         "stop_strings": config.generate.stop,
-        "target": config.target.model_dump(mode="json", include={"model", "revision", "tokenizer"}),
-        "verify_ids": verify_ids,
+        "target": target_identity(config.target),
     }
+
+
+CONTRACT = StageContract(
+    "tokenize",
+    lambda c, p: [p.tokenize_report] + [p.tokenized(d.name) for d in c.datasets if not d.drop],
+    fingerprint,
+)
+
+
+def _fingerprint(config: RunConfig, source: Path, verify_ids: bool) -> dict:
+    """What a dataset's output depends on: the records file as it is now, and the stage's fingerprint."""
+    st = source.stat()
+    return {"records": [st.st_size, st.st_mtime_ns], **fingerprint(config), "verify_ids": verify_ids}
 
 
 def _load_done(paths: RunPaths, dataset: str, key: dict) -> DatasetReport | None:
@@ -139,11 +150,4 @@ def _load_done(paths: RunPaths, dataset: str, key: dict) -> DatasetReport | None
 
 def _save_done(paths: RunPaths, dataset: str, key: dict, report: DatasetReport) -> None:
     """Written after the Parquet file is in place: its existence means the dataset is complete."""
-    _write_json(paths.tokenize_done(dataset), {"key": key, "report": report.to_dict()})
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False))
-    os.replace(tmp, path)
+    write_json_atomic(paths.tokenize_done(dataset), {"key": key, "report": report.to_dict()}, ensure_ascii=False)

@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from eyas.files import fsync_dir, fsync_file
 from eyas.records import tokenized_arrow_schema
 from eyas.tokenize.rebuild import Sample
 
@@ -59,7 +60,9 @@ class ParquetOut:
 
     def commit(self) -> None:
         self._writer.close()
+        fsync_file(self.tmp)
         self.tmp.replace(self.path)
+        fsync_dir(self.path.parent)
 
     def abort(self) -> None:
         self._writer.close()

@@ -18,6 +18,20 @@ under ``torchrun`` trains data-parallel with the gradient of one process on the 
 from __future__ import annotations
 
 from eyas.config import RunConfig
+from eyas.stage import StageContract
+
+
+def _fingerprint(config: RunConfig) -> dict:
+    """What a checkpoint must have been trained with to be continued (the resume check's own), and
+    where the states come from."""
+    from eyas.train.loop import fingerprint
+
+    return {**fingerprint(config, config.extract.aux_layers or []), "extract.mode": config.extract.mode}
+
+
+CONTRACT = StageContract(
+    "train", lambda c, p: [p.train_final / "config.json", p.train_final / "model.safetensors"], _fingerprint
+)
 
 
 def run(config: RunConfig, quiet: bool = False, stop_after: int | None = None) -> dict:
