@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eyas.files import write_text_atomic
 from eyas.jsonl import DurableAppender, recover
 
 log = logging.getLogger(__name__)
@@ -127,18 +127,12 @@ class Ledger:
         return self.spending.possibly_spent
 
     def _compact(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
         sp = self.spending
         snapshot = {
             "e": "snapshot", "spent": sp.spent, "possibly_spent": sp.possibly_spent,
             "by_dataset": dict(sp.by_dataset), "by_provider": dict(sp.by_provider),
         }
-        with tmp.open("w", encoding="utf-8") as f:
-            f.write(json.dumps(snapshot) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, json.dumps(snapshot) + "\n")
 
     @property
     def committed(self) -> float:

@@ -8,10 +8,10 @@ lists what is still failing, once each.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from eyas.files import write_text_atomic
 from eyas.jsonl import DurableAppender, read_jsonl, recover
 
 
@@ -24,12 +24,7 @@ def compact(path: Path, done: set[str]) -> int:
     for _, entry in read_jsonl(path):
         if entry.get("id") not in done:
             latest[entry.get("id")] = entry
-    tmp = path.with_suffix(".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.writelines(json.dumps(e, ensure_ascii=False) + "\n" for e in latest.values())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in latest.values()))
     return len(latest)
 
 
