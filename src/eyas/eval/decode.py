@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 
 from eyas.eval.sampling import sample_token, target_probs, verify_greedy, verify_sampled
-from eyas.target.capture import decoder_layers
+from eyas.target.capture import AuxHooks
 
 
 class Proposer(Protocol):
@@ -46,27 +46,12 @@ class TargetRunner:
 
     def __init__(self, model, aux_layers: list[int] | None = None):
         self.model = model
-        self.aux_layers = aux_layers
         self.cache = None
-        self._grabbed: dict[int, torch.Tensor] = {}
-        self._handles = []
-        if aux_layers:
-            layers = decoder_layers(model)
-            for i in aux_layers:
-                if not 0 <= i < len(layers):
-                    raise ValueError(f"aux layer {i} is outside the target's 0..{len(layers) - 1}")
-            self._handles = [layers[i].register_forward_hook(self._hook(i)) for i in sorted(set(aux_layers))]
-
-    def _hook(self, index: int):
-        def hook(_module, _inputs, output):
-            self._grabbed[index] = output[0] if isinstance(output, tuple) else output
-
-        return hook
+        self._hooks = AuxHooks(model, aux_layers) if aux_layers else None
 
     def close(self) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        if self._hooks is not None:
+            self._hooks.close()
 
     def __enter__(self) -> TargetRunner:
         return self
@@ -94,10 +79,7 @@ class TargetRunner:
             use_cache=True,
             logits_to_keep=logits_to_keep,
         )
-        aux = None
-        if self.aux_layers:
-            aux = torch.cat([self._grabbed[i][0] for i in self.aux_layers], dim=-1)
-            self._grabbed.clear()
+        aux = self._hooks.take()[0] if self._hooks is not None else None
         return out.logits[0].float(), aux
 
     def crop(self, length: int) -> None:

@@ -80,6 +80,48 @@ class Captured:
     """[batch, seq, hidden]: after the final norm."""
 
 
+class AuxHooks:
+    """Forward hooks that keep the outputs of the aux layers, for whoever runs the model.
+
+    Only those layers' outputs are held (not every layer's, as ``output_hidden_states`` would),
+    and only until :meth:`take`. Used by :func:`capture` and by eval's decoding loop alike, so
+    the layers a drafter is fed during eval are the ones it was trained on. A context manager
+    that removes the hooks.
+    """
+
+    def __init__(self, model, aux_layers: list[int]):
+        layers = decoder_layers(model)
+        for i in aux_layers:
+            if not 0 <= i < len(layers):
+                raise ValueError(f"extract.aux_layers: layer {i} is outside 0..{len(layers) - 1}")
+        self.aux_layers = list(aux_layers)
+        self._grabbed: dict[int, torch.Tensor] = {}
+        self._handles = [layers[i].register_forward_hook(self._hook(i)) for i in sorted(set(aux_layers))]
+
+    def _hook(self, index: int):
+        def hook(_module, _inputs, output):
+            self._grabbed[index] = output[0] if isinstance(output, tuple) else output
+
+        return hook
+
+    def take(self) -> torch.Tensor:
+        """[batch, seq, 3 * hidden]: the last forward's aux outputs, concatenated in layer order."""
+        aux = torch.cat([self._grabbed[i] for i in self.aux_layers], dim=-1)
+        self._grabbed.clear()
+        return aux
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def __enter__(self) -> AuxHooks:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 @torch.inference_mode()
 def capture(
     model,
@@ -89,27 +131,11 @@ def capture(
     position_ids: torch.Tensor | None = None,
 ) -> Captured:
     """Run the target's decoder once and return the aux and final hidden states."""
-    layers = decoder_layers(model)
-    aux_layers = aux_layers if aux_layers is not None else default_aux_layers(len(layers))
-    for i in aux_layers:
-        if not 0 <= i < len(layers):
-            raise ValueError(f"extract.aux_layers: layer {i} is outside 0..{len(layers) - 1}")
-    grabbed: dict[int, torch.Tensor] = {}
-
-    def hook_for(index: int):
-        def hook(_module, _inputs, output):
-            grabbed[index] = output[0] if isinstance(output, tuple) else output
-
-        return hook
-
-    handles = [layers[i].register_forward_hook(hook_for(i)) for i in sorted(set(aux_layers))]
-    try:
+    aux_layers = aux_layers if aux_layers is not None else default_aux_layers(num_decoder_layers(model))
+    with AuxHooks(model, aux_layers) as hooks:
         base = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         out = base(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    finally:
-        for h in handles:
-            h.remove()
-    return Captured(aux=torch.cat([grabbed[i] for i in aux_layers], dim=-1), final=out.last_hidden_state)
+        return Captured(aux=hooks.take(), final=out.last_hidden_state)
 
 
 FLASH_KERNELS = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
