@@ -13,11 +13,12 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
-from eyas.config import ConfigError, RunConfig
+from eyas.config import ConfigError, RunConfig, TrainConfig
 from eyas.console import progress
 from eyas.drafter.model import Eagle3Drafter
 from eyas.drafter.spec import spec_for_target
@@ -108,6 +109,16 @@ def build_source(config: RunConfig, paths: RunPaths, model, world: World):
     return source, aux_layers
 
 
+def build_eval_source(config: RunConfig, paths: RunPaths, model, aux_layers: list[int], world: World) -> OnlineSource | None:
+    """The held-out split run through the target, or None (with a warning) when there is none to score."""
+    eval_samples = read_split(paths, "eval", config.train.max_seq_len) if model is not None else []
+    if eval_samples:
+        return OnlineSource(eval_samples, model, aux_layers, world.device)
+    why = "the eval split is empty" if model is not None else "offline mode without train.eval_with_target"
+    log.warning("no held-out evaluation during training: %s", why)
+    return None
+
+
 def autocast_for(device: torch.device):
     if device.type == "cuda":
         return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
@@ -128,15 +139,41 @@ def parallelize(drafter: Eagle3Drafter, parallel: str, world: World):
     return torch.nn.parallel.DistributedDataParallel(drafter, device_ids=device_ids, broadcast_buffers=False)
 
 
-def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int | None = None) -> dict:
+@dataclass
+class Trainer:
+    """What the step, evaluation, checkpoints and the final write share; ``step`` counts the optimizer steps done."""
+
+    cfg: TrainConfig
+    world: World
+    paths: RunPaths
+    drafter: Eagle3Drafter
+    forward: torch.nn.Module
+    """What the step calls: the drafter, or its DDP wrapper (see :func:`parallelize`)."""
+    params: list[torch.nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    source: OnlineSource | OfflineSource
+    eval_source: OnlineSource | None
+    schedule: Schedule
+    head: TargetHead
+    total: int
+    fingerprint: dict
+    step_weights: torch.Tensor
+    """[ttt_steps] float64: the weight of TTT step k's loss, ``step_weight ** k``."""
+    autocast: Callable
+    metrics: MetricsLog = field(init=False)
+    """Opened by :func:`resume`."""
+    step: int = 0
+    last_eval: dict | None = None
+
+
+def build(config: RunConfig, world: World) -> Trainer:
+    """Target parts, data, drafter, optimizer and LR schedule; the seed is set right before the
+    drafter's weights are drawn, so they do not depend on what loading the rest consumed."""
     cfg, paths = config.train, RunPaths.of(config)
     model, parts = load_target(config, world)
     source, aux_layers = build_source(config, paths, model, world)
-    eval_samples = read_split(paths, "eval", cfg.max_seq_len) if model is not None else []
-    eval_source = OnlineSource(eval_samples, model, aux_layers, world.device) if eval_samples else None
-    if eval_source is None:
-        why = "the eval split is empty" if model is not None else "offline mode without train.eval_with_target"
-        log.warning("no held-out evaluation during training: %s", why)
+    eval_source = build_eval_source(config, paths, model, aux_layers, world)
     d2t, t2d = prepare_vocab(config, paths, parts.config.vocab_size, world)
     spec = spec_for_target(parts.config, cfg, aux_layers, d2t.shape[0])
 
@@ -151,81 +188,124 @@ def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int 
     total = math.ceil(cfg.epochs * schedule.steps_per_epoch)
     total = min(total, cfg.max_steps) if cfg.max_steps else total
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(total, round(cfg.warmup_ratio * total)))
+    used = torch.arange(d2t.shape[0], device=world.device) + d2t.to(world.device)
+    return Trainer(
+        cfg=cfg, world=world, paths=paths, drafter=drafter, forward=forward, params=params, optimizer=optimizer,
+        scheduler=scheduler, source=source, eval_source=eval_source, schedule=schedule,
+        head=TargetHead(parts.lm_head, used, t2d.to(world.device)), total=total, fingerprint=fingerprint(config, aux_layers),
+        step_weights=torch.tensor([cfg.step_weight**k for k in range(cfg.ttt_steps)], dtype=torch.float64),
+        autocast=autocast_for(world.device),
+    )
 
-    step = 0
-    resume_from = checkpoint.latest(paths.train_dir)
-    if resume_from is not None:
-        step = checkpoint.restore(resume_from, drafter, optimizer, scheduler, fingerprint(config, aux_layers))
-        log.info("resuming from %s (step %d of %d)", resume_from, step, total)
-    metrics = MetricsLog(paths.train_metrics, world.is_main)
-    metrics.truncate_after(step)
 
-    head = TargetHead(parts.lm_head, torch.arange(d2t.shape[0], device=world.device) + d2t.to(world.device), t2d.to(world.device))
-    autocast = autocast_for(world.device)
-    weights = torch.tensor([cfg.step_weight**k for k in range(cfg.ttt_steps)], dtype=torch.float64)
-    last_eval: dict | None = None
+def resume(trainer: Trainer) -> None:
+    """Continue from the newest checkpoint, if any, and cut the metrics log back to its step so
+    the file reads as one run. The log is opened only once the checkpoint is accepted, so a
+    refused resume adds no TensorBoard files."""
+    path = checkpoint.latest(trainer.paths.train_dir)
+    if path is not None:
+        trainer.step = checkpoint.restore(
+            path, trainer.drafter, trainer.optimizer, trainer.scheduler, trainer.fingerprint
+        )
+        log.info("resuming from %s (step %d of %d)", path, trainer.step, trainer.total)
+    trainer.metrics = MetricsLog(trainer.paths.train_metrics, trainer.world.is_main)
+    trainer.metrics.truncate_after(trainer.step)
 
-    def run_eval(at: int) -> None:
-        nonlocal last_eval
-        if eval_source is None:
-            return
-        last_eval = {"split": "eval", "step": at, **evaluate(drafter, eval_source, head, cfg.ttt_steps, cfg.batch_size, world, autocast)}
-        metrics.write(last_eval)
-        accs = " ".join(f"{a:.3f}" for a in last_eval["acc"])
-        log.info("eval step %d: acc per step %s, simulated acceptance length %.3f", at, accs, last_eval["acceptance_length"])
 
-    def save_checkpoint(at: int) -> None:
-        checkpoint.save(paths.train_dir, at, drafter, optimizer, scheduler, world.is_main, fingerprint(config, aux_layers))
-        world.barrier()
+def train_step(trainer: Trainer) -> dict:
+    """One optimizer step on this rank's share of global batch ``trainer.step``; advances the step
+    and returns its metrics row. Each TTT step's loss is divided by its global count of scored
+    positions and multiplied by the world size, which undoes the gradient averaging over ranks."""
+    cfg, world = trainer.cfg, trainer.world
+    started = time.perf_counter()
+    batch = trainer.source.batch(trainer.schedule.rank_batch(trainer.step, world.rank, world.size))
+    with trainer.autocast():
+        stats = batch_stats(trainer.forward, trainer.drafter, batch, trainer.head, cfg.ttt_steps)
+    sums = world.sum(totals(stats))
+    weights = trainer.step_weights
+    loss = sum(
+        w * s.loss_sum / sums[1, k].clamp(min=1) * world.size for k, (w, s) in enumerate(zip(weights.tolist(), stats))
+    )
+    trainer.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(trainer.params, cfg.grad_clip)
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    trainer.optimizer.step()
+    trainer.scheduler.step()
+    trainer.step += 1
+    summary = summarize(sums)
+    tokens = int(world.sum(torch.tensor([batch.tokens], device=world.device)).item())
+    elapsed = time.perf_counter() - started
+    return {
+        "split": "train",
+        "step": trainer.step,
+        "epoch": trainer.step / trainer.schedule.steps_per_epoch,
+        "loss": float((weights * sums[0].cpu() / sums[1].cpu().clamp(min=1)).sum()),
+        "loss_steps": summary["loss"],
+        "acc": summary["acc"],
+        "acceptance_length": summary["acceptance_length"],
+        "lr": trainer.scheduler.get_last_lr()[0],
+        "grad_norm": float(grad_norm),
+        "tokens": tokens,
+        "tokens_per_s": tokens / elapsed,
+    }
 
-    stop_at = total if stop_after is None else min(total, step + stop_after)
+
+def run_eval(trainer: Trainer) -> None:
+    """Score the eval split at the current step, when there is one; kept as ``trainer.last_eval``."""
+    if trainer.eval_source is None:
+        return
+    cfg = trainer.cfg
+    scores = evaluate(
+        trainer.drafter, trainer.eval_source, trainer.head, cfg.ttt_steps, cfg.batch_size, trainer.world, trainer.autocast
+    )
+    trainer.last_eval = {"split": "eval", "step": trainer.step, **scores}
+    trainer.metrics.write(trainer.last_eval)
+    accs = " ".join(f"{a:.3f}" for a in scores["acc"])
+    length = scores["acceptance_length"]
+    log.info("eval step %d: acc per step %s, simulated acceptance length %.3f", trainer.step, accs, length)
+
+
+def save_checkpoint(trainer: Trainer) -> None:
+    """Every rank takes part (FSDP gathers collectively) and waits until rank 0 has written it."""
+    checkpoint.save(
+        trainer.paths.train_dir, trainer.step, trainer.drafter, trainer.optimizer, trainer.scheduler,
+        trainer.world.is_main, trainer.fingerprint,
+    )
+    trainer.world.barrier()
+
+
+def finish(trainer: Trainer) -> dict:
+    """The last evaluation, then the drafter alone in the servable layout: gathered on every
+    rank (collective under FSDP), written by rank 0."""
+    run_eval(trainer)
+    weights, _ = checkpoint.full_state(trainer.drafter, trainer.optimizer)
+    out = trainer.paths.train_final
+    if trainer.world.is_main:
+        out = checkpoint.write_drafter(weights, trainer.drafter.spec, out)
+    trainer.world.barrier()
+    log.info("drafter written to %s", out)
+    return {"step": trainer.step, "total_steps": trainer.total, "final": str(out), "eval": trainer.last_eval}
+
+
+def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int | None = None) -> dict:
+    """Build, resume, step to the end (or ``stop_after`` steps on, with a checkpoint), finish."""
+    trainer = build(config, world)
+    resume(trainer)
+    cfg, total = trainer.cfg, trainer.total
+    stop_at = total if stop_after is None else min(total, trainer.step + stop_after)
     with progress(quiet or not world.is_main, unit="tok") as bar:
-        task = bar.add_task("train", total=total, completed=step, rate=0.0)
-        while step < stop_at:
-            started = time.perf_counter()
-            batch = source.batch(schedule.rank_batch(step, world.rank, world.size))
-            with autocast():
-                stats = batch_stats(forward, drafter, batch, head, cfg.ttt_steps)
-            sums = world.sum(totals(stats))
-            loss = sum(
-                w * s.loss_sum / sums[1, k].clamp(min=1) * world.size for k, (w, s) in enumerate(zip(weights.tolist(), stats))
-            )
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-            optimizer.step()
-            scheduler.step()
-            step += 1
-            summary = summarize(sums)
-            tokens = int(world.sum(torch.tensor([batch.tokens], device=world.device)).item())
-            elapsed = time.perf_counter() - started
-            row = {
-                "split": "train",
-                "step": step,
-                "epoch": step / schedule.steps_per_epoch,
-                "loss": float((weights * sums[0].cpu() / sums[1].cpu().clamp(min=1)).sum()),
-                "loss_steps": summary["loss"],
-                "acc": summary["acc"],
-                "acceptance_length": summary["acceptance_length"],
-                "lr": scheduler.get_last_lr()[0],
-                "grad_norm": float(grad_norm),
-                "tokens": tokens,
-                "tokens_per_s": tokens / elapsed,
-            }
-            metrics.write(row)
+        task = bar.add_task("train", total=total, completed=trainer.step, rate=0.0)
+        while trainer.step < stop_at:
+            row = train_step(trainer)
+            trainer.metrics.write(row)
             bar.update(task, advance=1, rate=row["tokens_per_s"],
                        description=f"train loss {row['loss']:.3f} acc {' '.join(f'{a:.2f}' for a in row['acc'][:3])}")
-            if step % cfg.checkpoint_every == 0 or step == stop_at:
-                save_checkpoint(step)
-            if step % cfg.eval_every == 0 and step < total:
-                run_eval(step)
-    if step < total:
-        log.info("stopped at step %d of %d; rerun the same command to continue", step, total)
-        return {"step": step, "total_steps": total, "final": None, "eval": None}
-    run_eval(step)
-    weights, _ = checkpoint.full_state(drafter, optimizer)
-    out = checkpoint.write_drafter(weights, spec, paths.train_final) if world.is_main else paths.train_final
-    world.barrier()
-    log.info("drafter written to %s", out)
-    return {"step": step, "total_steps": total, "final": str(out), "eval": last_eval}
+            if trainer.step % cfg.checkpoint_every == 0 or trainer.step == stop_at:
+                save_checkpoint(trainer)
+            if trainer.step % cfg.eval_every == 0 and trainer.step < total:
+                run_eval(trainer)
+    if trainer.step < total:
+        log.info("stopped at step %d of %d; rerun the same command to continue", trainer.step, total)
+        return {"step": trainer.step, "total_steps": total, "final": None, "eval": None}
+    return finish(trainer)

@@ -1,0 +1,76 @@
+"""The package layout is the pipeline: a stage reaches earlier stages only through their readers.
+
+Stages import the ground floor (config, paths, records, files, stage, console, jsonl,
+tensorfile), the shared ``target`` and ``drafter`` packages, and the modules through which
+earlier stages hand over their records (``READERS``) — never another stage's internals, and
+never a later stage. ``target`` and ``drafter`` import no stage at all. Every import counts,
+including those inside functions.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "eyas"
+STAGES = ("prompts", "generate", "tokenize", "merge", "extract", "train", "export", "eval")
+READERS = {
+    "prompts": {"eyas.prompts"},
+    "generate": {"eyas.generate.store"},
+    "merge": {"eyas.merge.reader"},
+    "extract": {"eyas.extract.reader"},
+}
+"""Each stage's public way to read what it produced (tokenize's Parquet is read through merge)."""
+SHARED = ("target", "drafter")
+
+
+def imports(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return {n for n in names if n.startswith("eyas.")}
+
+
+def owner(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in STAGES + SHARED else None
+
+
+def allowed(package: str, name: str) -> bool:
+    other = owner(name)
+    if other is None or other == package or (package in STAGES and other in SHARED):
+        return True
+    if package == "drafter" and other == "target":  # the drafter is built on the target's sizes and layers
+        return True
+    earlier = package in STAGES and other in STAGES and STAGES.index(other) < STAGES.index(package)
+    # `from eyas.merge.reader import iter_split` names the reader and one of its members.
+    return earlier and any(name == r or name.startswith(r + ".") for r in READERS.get(other, ()))
+
+
+def violations() -> list[str]:
+    return [
+        f"{path.relative_to(SRC)} imports {name}"
+        for package in STAGES + SHARED
+        for path in sorted((SRC / package).rglob("*.py"))
+        for name in sorted(imports(path))
+        if not allowed(package, name)
+    ]
+
+
+def test_stages_reach_earlier_stages_only_through_their_readers():
+    assert violations() == []
+
+
+def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
+    """The walk is real: an eval module importing train's internals is reported."""
+    fake = tmp_path / "eyas"
+    for package in STAGES + SHARED:
+        (fake / package).mkdir(parents=True)
+    (fake / "eval" / "bad.py").write_text("def f():\n    from eyas.train.loop import train\n")
+    (fake / "eval" / "good.py").write_text("from eyas.merge.reader import iter_split\nfrom eyas.drafter.model import Eagle3Drafter\n")
+    (fake / "target" / "bad.py").write_text("import eyas.extract.reader\n")
+    monkeypatch.setattr(__import__(__name__, fromlist=["SRC"]), "SRC", fake)
+    assert violations() == ["eval/bad.py imports eyas.train.loop", "eval/bad.py imports eyas.train.loop.train", "target/bad.py imports eyas.extract.reader"]
