@@ -69,10 +69,20 @@ class DatasetConfig(Section):
     """Stop launching requests for this dataset once this many completion tokens are done or in flight."""
     weight: float = Field(default=1.0, ge=0.0)
     """Merge: sampling weight; 2.0 repeats every sample twice, 0.5 keeps half."""
-    max_tokens: int | None = Field(default=None, ge=1)
-    """Merge: keep at most this many tokens from this dataset."""
+    merge_token_budget: int | None = Field(default=None, ge=1)
+    """Merge: keep at most this many tokens from this dataset (a seeded random subset of its samples)."""
     drop: bool = False
     """Merge and estimate: leave this dataset out of the training corpus."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "max_tokens" in data:
+            raise ValueError(
+                "max_tokens was renamed merge_token_budget: it caps the tokens merged from this dataset "
+                "(generate.max_tokens caps each answer)"
+            )
+        return data
 
 
 class ReasoningConfig(Section):

@@ -23,6 +23,12 @@ def test_unknown_key_inside_a_dataset_names_the_index(tmp_path):
         load_config(path)
 
 
+def test_a_datasets_old_max_tokens_is_refused_naming_its_new_name(tmp_path):
+    path = write(tmp_path, "run_dir: out\ndatasets:\n  - name: a\n    source: a.jsonl\n    max_tokens: 1000\n")
+    with pytest.raises(ConfigError, match=r"datasets\[0\]: .*max_tokens was renamed merge_token_budget"):
+        load_config(path)
+
+
 def test_wrong_type_names_path_and_expected_type(tmp_path):
     path = write(tmp_path, "run_dir: out\ngenerate:\n  max_tokens: lots\n")
     with pytest.raises(ConfigError) as e:

@@ -86,7 +86,7 @@ def test_weights_budgets_and_dropped_datasets(tmp_path, corpus_rows):
     budget = sum(len(r["input_ids"]) for r in corpus_rows["math"][:3])
     datasets = [
         {"name": "chat", "source": "x.jsonl", "weight": 2.0},
-        {"name": "math", "source": "x.jsonl", "max_tokens": budget},
+        {"name": "math", "source": "x.jsonl", "merge_token_budget": budget},
     ]
     config, paths = make_run(tmp_path, corpus_rows, datasets=datasets, eval_fraction=0.0)
     stats = merge.run(config, quiet=True)
@@ -95,7 +95,7 @@ def test_weights_budgets_and_dropped_datasets(tmp_path, corpus_rows):
     assert len(chat) == 16 and len(set(chat)) == 16 and sum(i.endswith("@1") for i in chat) == 8
     math_tokens = sum(r["num_tokens"] for r in rows if r["dataset"] == "math")
     assert 0 < math_tokens <= budget
-    assert stats["datasets"]["math"]["dropped"]["max_tokens"] == 8 - sum(r["dataset"] == "math" for r in rows)
+    assert stats["datasets"]["math"]["dropped"]["token_budget"] == 8 - sum(r["dataset"] == "math" for r in rows)
 
     datasets = [{"name": "chat", "source": "x.jsonl", "weight": 0.5}, {"name": "math", "source": "x.jsonl", "drop": True}]
     config, paths = make_run(tmp_path, corpus_rows, datasets=datasets, eval_fraction=0.0)

@@ -27,7 +27,7 @@ CONTRACT = StageContract(
     lambda c, p: [p.merge_stats],
     lambda c: {
         "merge": c.merge.model_dump(mode="json"),
-        "datasets": [d.model_dump(mode="json", include={"name", "weight", "max_tokens", "drop"}) for d in c.datasets],
+        "datasets": [d.model_dump(mode="json", include={"name", "weight", "merge_token_budget", "drop"}) for d in c.datasets],
     },
 )
 

@@ -117,11 +117,11 @@ def place(s: Scan, held_out: set[str], config: RunConfig, dropped: dict[str, int
             rows.append(row), ks.append(k), ids.append(out_id), is_eval.append(evaluating)
             keys.append(plan.order_key(seed, out_id))
     placement = Placement(np.array(rows, np.int64), np.array(ks, np.int64), ids, np.array(keys, np.uint64), np.array(is_eval, bool))
-    cutoff = plan.budget_cutoff(placement.keys[~placement.is_eval], lengths[placement.rows[~placement.is_eval]], s.dataset.max_tokens)
+    cutoff = plan.budget_cutoff(placement.keys[~placement.is_eval], lengths[placement.rows[~placement.is_eval]], s.dataset.merge_token_budget)
     if cutoff is not None:
         within = np.array([int(k) <= cutoff for k in placement.keys], bool)
         keep = placement.is_eval | within
-        dropped["max_tokens"] += int((~keep).sum())
+        dropped["token_budget"] += int((~keep).sum())
         placement = placement.subset(keep)
     return placement
 

@@ -95,16 +95,16 @@ def bucket_of(key: int, buckets: int) -> int:
     return key >> (64 - (buckets.bit_length() - 1)) if buckets > 1 else 0
 
 
-def budget_cutoff(keys: np.ndarray, tokens: np.ndarray, max_tokens: int | None) -> int | None:
-    """Largest order key kept under a dataset's ``max_tokens`` budget (None: no limit).
+def budget_cutoff(keys: np.ndarray, tokens: np.ndarray, budget: int | None) -> int | None:
+    """Largest order key kept under a dataset's ``merge_token_budget`` (None: no limit).
 
     Samples are taken in shuffled order until the next one would pass the budget, so the
     kept subset is a seeded random sample, not the head of the file.
     """
-    if max_tokens is None or len(keys) == 0:
+    if budget is None or len(keys) == 0:
         return None
     order = np.argsort(keys, kind="stable")
-    within = np.cumsum(tokens[order]) <= max_tokens
+    within = np.cumsum(tokens[order]) <= budget
     if within.all():
         return None
     last = int(np.argmin(within)) - 1

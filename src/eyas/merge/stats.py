@@ -83,7 +83,7 @@ class SplitStats:
         }
 
 
-DROP_REASONS = ("no_trainable", "too_long", "max_tokens", "weight")
+DROP_REASONS = ("no_trainable", "too_long", "token_budget", "weight")
 
 
 def dropped_text(dropped: dict[str, int]) -> str:
