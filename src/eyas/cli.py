@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from eyas.config import ConfigError, RunConfig, dump_config, load_config
 from eyas.console import console, setup_logging
 from eyas.generate.http.errors import RunStopped
 from eyas.jsonl import JsonlError
 from eyas.paths import RunPaths
+from eyas.stage import StageError
 from eyas.target.vllm import VllmError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train EAGLE-3 drafters from a target model's own outputs.")
@@ -231,6 +233,9 @@ def main() -> None:
     except (ConfigError, JsonlError) as e:
         console.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
         sys.exit(EXIT_BAD_INPUT)
+    except StageError as e:
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
+        sys.exit(StageError.EXIT_CODE)
     except RunStopped as e:
         # Credits exhausted (3), budget reached (4), requests rejected (5): see eyas.generate.http.errors.
         console.print(f"[bold red]stopped:[/] {e}", markup=True, highlight=False)

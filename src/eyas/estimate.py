@@ -19,10 +19,11 @@ from dataclasses import dataclass
 
 from rich.table import Table
 
-from eyas.config import ConfigError, ExtractConfig, RunConfig
+from eyas.config import ExtractConfig, RunConfig
 from eyas.extract.plan import bytes_per_token
 from eyas.merge.stats import Histogram, tokens_over
 from eyas.paths import RunPaths
+from eyas.stage import StageError
 
 CANDIDATE_CAPS = (2048, 4096, 8192, 16384, 32768)
 NUM_AUX = 3
@@ -164,7 +165,7 @@ def _corpus(config: RunConfig, paths: RunPaths) -> tuple[dict[str, list[dict]], 
         h.add(pq.read_table(path, columns=["num_tokens"]).column(0).to_numpy())
         histograms[d.name] = h.to_json()
     if not histograms:
-        raise ConfigError(f"{paths.root}: no tokenized or merged data to estimate from; run `eyas tokenize CONFIG` first")
+        raise StageError(f"{paths.root}: no tokenized or merged data to estimate from; run `eyas tokenize CONFIG` first")
     return histograms, "tokenize output (before merge)"
 
 

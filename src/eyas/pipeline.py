@@ -30,7 +30,7 @@ from eyas.console import console
 from eyas.files import write_json_atomic
 from eyas.paths import RunPaths
 from eyas.records import content_hash
-from eyas.stage import StageContract
+from eyas.stage import StageContract, StageError
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ def run(
         if upstream is not None and upstream.name not in results:
             status, why = state(config, upstream, active[index - 2] if index > 1 else None)
             if status != "done":
-                raise ConfigError(
+                raise StageError(
                     f"{stage.name}: its input from stage {upstream.name} is {status} ({why}); "
                     f"run `eyas run {config_path} --from {upstream.name}` first"
                 )

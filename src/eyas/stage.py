@@ -17,6 +17,15 @@ from eyas.config import RunConfig, TargetConfig
 from eyas.paths import RunPaths
 
 
+class StageError(Exception):
+    """A stage cannot go on from the run directory as it stands: its input is missing, stale or
+    empty, what is already there was made otherwise, or what it computed is unusable (NaN
+    states). The config itself is valid, so this is not a ``ConfigError``; the message names
+    the file and what to run or delete. ``eyas`` exits with ``EXIT_CODE``."""
+
+    EXIT_CODE = 6
+
+
 @dataclass(frozen=True)
 class StageContract:
     name: str

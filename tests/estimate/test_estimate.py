@@ -5,9 +5,10 @@ import sys
 import numpy as np
 import pytest
 
-from eyas.config import ConfigError, RunConfig
+from eyas.config import RunConfig
 from eyas.estimate import Inputs, estimate, gather
 from eyas.merge.stats import SplitStats, tokens_over
+from eyas.stage import StageError
 
 REFERENCE_TOKENS = 138_000_000
 
@@ -90,7 +91,7 @@ def test_before_merge_it_reads_tokenize_lengths_and_without_data_it_says_what_to
     from tests.corpus import write_tokenized
 
     config = RunConfig.model_validate({"run_dir": str(tmp_path), "datasets": [{"name": "a", "source": "x.jsonl"}]})
-    with pytest.raises(ConfigError, match="run `eyas tokenize CONFIG` first"):
+    with pytest.raises(StageError, match="run `eyas tokenize CONFIG` first"):
         gather(config)
     rows = [{"id": f"a/{i}", "dataset": "a", "input_ids": [1] * n, "loss_mask": [1] * n, "num_tokens": n, "completion_tokens": n,
              "billed_completion_tokens": n, "finish_reason": "stop", "format": "chatml", "flags": []} for i, n in enumerate((10, 20, 3000))]

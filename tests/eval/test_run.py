@@ -7,6 +7,7 @@ import json
 import pytest
 
 from eyas.config import load_config
+from eyas.stage import StageError
 from tests.conftest import write_jsonl
 
 from .overfit import OVERFIT_NEW, TEXTS
@@ -53,7 +54,6 @@ def test_run_writes_report_and_plot_and_resumes(run_setup):
 
 def test_missing_drafter_is_a_clear_error(run_setup, tmp_path):
     from eyas import eval as stage
-    from eyas.config import ConfigError
 
-    with pytest.raises(ConfigError, match="no drafter"):
+    with pytest.raises(StageError, match="no drafter"):
         stage.run(load_config(run_setup / "run.yaml"), quiet=True, draft=tmp_path)

@@ -13,6 +13,7 @@ from eyas.extract.plan import bytes_per_token
 from eyas.extract.reader import HiddenStates
 from eyas.merge.reader import iter_split
 from eyas.paths import RunPaths
+from eyas.stage import StageError
 from eyas.target.capture import default_aux_layers, forward, num_decoder_layers
 from tests.extract.conftest import with_extract
 
@@ -142,7 +143,7 @@ def test_rerun_skips_finished_shards_and_redoes_a_missing_one(merged_run):
 
 def test_changed_settings_are_refused_not_mixed(merged_run):
     extract.run(merged_run, quiet=True)
-    with pytest.raises(ConfigError, match="other extract settings.*delete"):
+    with pytest.raises(StageError, match="other extract settings.*delete"):
         extract.run(with_extract(merged_run, aux_layers=[2, 10, 20]), quiet=True)
     # The last layer's output is no layer's input, so no server can capture it.
     with pytest.raises(ConfigError, match=r"extract.aux_layers: \[1, 14, 29\] must lie in 0..28 for a 30-layer target"):
@@ -157,10 +158,10 @@ def test_online_mode_writes_nothing(merged_run):
 
 
 def test_reader_errors_are_clear(tmp_path):
-    with pytest.raises(ConfigError, match="index.json: missing; run `eyas extract CONFIG`"):
+    with pytest.raises(StageError, match="index.json: missing; run `eyas extract CONFIG`"):
         HiddenStates(tmp_path)
     (tmp_path / "index.json").write_text(json.dumps({"format": "other"}))
-    with pytest.raises(ConfigError, match="format 'other'"):
+    with pytest.raises(StageError, match="format 'other'"):
         HiddenStates(tmp_path)
 
 
@@ -172,6 +173,6 @@ def test_non_finite_states_stop_the_run_naming_the_sample(merged_run, tmp_path):
         tiny.model.layers[3].mlp.down_proj.weight[0, 0] = float("nan")
     tiny.save_pretrained(tmp_path / "broken")
     config = merged_run.model_copy(update={"target": merged_run.target.model_copy(update={"model": str(tmp_path / "broken")})})
-    with pytest.raises(ConfigError, match=r"sample chat/p\d+ \(train row 0\) has NaN/Inf hidden states"):
+    with pytest.raises(StageError, match=r"sample chat/p\d+ \(train row 0\) has NaN/Inf hidden states"):
         extract.run(config, quiet=True)
     assert not list(RunPaths.of(config).hidden_dir.glob("shard-*"))

@@ -16,6 +16,7 @@ from eyas import generate
 from eyas.config import parse_config
 from eyas.generate.http.budget import replay
 from eyas.generate.http.errors import BudgetReached, CreditsExhausted, RequestRejected
+from eyas.stage import StageError
 from tests.conftest import write_jsonl
 from tests.generate.fake_openai import FakeOpenAI, FakeServer
 
@@ -207,14 +208,13 @@ def test_keepalives_hold_a_slow_stream_open_while_silence_times_out(tmp_path):
 def test_a_second_run_on_the_same_run_dir_is_refused(tmp_path):
     import fcntl
 
-    from eyas.config import ConfigError
 
     config = make_config(tmp_path, "http://127.0.0.1:9/v1", ["q"])
     lock = tmp_path / "run" / "generate" / ".lock"
     lock.parent.mkdir(parents=True)
     with lock.open("w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        with pytest.raises(ConfigError, match="another eyas generate is running"):
+        with pytest.raises(StageError, match="another eyas generate is running"):
             generate.run(config, quiet=True)
 
 

@@ -3,7 +3,7 @@ import json
 import pytest
 
 from eyas.config import ConfigError
-from eyas.generate.store import conversation_for, make_record, scan, settings_guard, RecordWriter
+from eyas.generate.store import RecordWriter, conversation_for, make_record, scan, settings_guard
 from eyas.jsonl import DurableAppender, JsonlError, read_jsonl, recover
 from eyas.records import PromptRecord, Usage
 

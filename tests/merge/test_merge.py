@@ -10,10 +10,11 @@ import pytest
 from eyas import merge
 from eyas.config import ConfigError, RunConfig
 from eyas.merge.plan import base_prompt_id
-from eyas.merge.shuffle import Buckets
 from eyas.merge.reader import iter_split, read_rows, split_files, split_lengths
+from eyas.merge.shuffle import Buckets
 from eyas.paths import RunPaths
 from eyas.records import TOKENIZED_COLUMNS
+from eyas.stage import StageError
 from tests.corpus import write_tokenized
 
 
@@ -106,15 +107,15 @@ def test_weights_budgets_and_dropped_datasets(tmp_path, corpus_rows):
 
 def test_bad_inputs_are_errors_that_name_the_file(tmp_path, corpus_rows):
     config, paths = make_run(tmp_path, {"chat": corpus_rows["chat"]}, datasets=[{"name": "chat", "source": "x.jsonl"}, {"name": "gone", "source": "x.jsonl"}])
-    with pytest.raises(ConfigError, match=r"tokenize/gone\.parquet: no tokenized data"):
+    with pytest.raises(StageError, match=r"tokenize/gone\.parquet: no tokenized data"):
         merge.run(config, quiet=True)
-    with pytest.raises(ConfigError, match="run `eyas merge CONFIG` first"):
+    with pytest.raises(StageError, match="run `eyas merge CONFIG` first"):
         list(iter_split(paths, "train"))
     rows = [dict(r) for r in corpus_rows["chat"]]
     rows[3]["loss_mask"] = rows[3]["loss_mask"][:-1]
     write_tokenized(paths.tokenized("chat"), rows)
     config = config.model_copy(update={"datasets": config.datasets[:1]})
-    with pytest.raises(ConfigError, match=r"chat\.parquet: row 3: loss_mask and input_ids differ"):
+    with pytest.raises(StageError, match=r"chat\.parquet: row 3: loss_mask and input_ids differ"):
         merge.run(config, quiet=True)
     write_tokenized(paths.tokenized("chat"), corpus_rows["chat"])
     with pytest.raises(ConfigError, match="merge.eval_count: 99 is more than the 8 prompt ids"):
@@ -141,10 +142,11 @@ def test_buckets_yield_the_global_key_order_whatever_their_count(tmp_path):
     assert orders[0] == orders[1] == orders[2] == np.argsort(keys, kind="stable").tolist()
 
 
-def test_cli_reports_bad_input_as_an_error_line(tmp_path):
+def test_cli_reports_a_missing_input_as_an_error_line_and_its_own_exit_code(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("run_dir: run\ndatasets:\n  - {name: chat, source: x.jsonl}\n")
     result = subprocess.run([sys.executable, "-m", "eyas", "merge", str(config)], capture_output=True, text=True)
-    assert result.returncode == 2 and "Traceback" not in result.stderr
+    # The config is valid; the stage's input is missing: not the bad-config exit code (2).
+    assert result.returncode == StageError.EXIT_CODE and "Traceback" not in result.stderr
     message = result.stderr.replace("\n", "")  # rich wraps long lines
     assert message.startswith("error:") and "tokenize/chat.parquet: no tokenized data" in message

@@ -10,6 +10,7 @@ import pytest
 from eyas import pipeline
 from eyas.config import ConfigError, load_config
 from eyas.demo import summarize, summary_table, write_demo_config
+from eyas.stage import StageError
 from tests.conftest import write_jsonl
 
 PROMPTS = ["Name a fruit.", "What is 3+3?", "Say hello.", "Name a color.", "What day follows Monday?", "Name a pet."]
@@ -42,7 +43,7 @@ def test_stage_names_are_checked(config_path):
 
 
 def test_missing_input_names_the_stage_to_run(config_path):
-    with pytest.raises(ConfigError, match=r"input from stage merge is missing .*--from merge"):
+    with pytest.raises(StageError, match=r"input from stage merge is missing .*--from merge"):
         pipeline.run(load_config(config_path), quiet=True, first="train")
 
 
@@ -74,7 +75,7 @@ def test_full_run_then_skip_then_refuse_stale(config_path):
     # A re-tokenized corpus makes the merge stale: training must not start on it.
     later = time.time() + 5
     os.utime(run_dir / "tokenize" / "report.json", (later, later))
-    with pytest.raises(ConfigError, match=r"stage merge is stale .*--from merge"):
+    with pytest.raises(StageError, match=r"stage merge is stale .*--from merge"):
         pipeline.run(config, quiet=True, first="train")
 
     # Another tokenizer: `eyas tokenize` would redo the ids, so `eyas run` must not skip it either.

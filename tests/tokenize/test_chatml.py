@@ -141,8 +141,8 @@ def test_mismatch_names_position_tokens_and_cause(tokenizer):
 
 def test_golden_chatml_ids():
     """Literal `<|im_end|>` in content stays text; Qwen-style tool calls; the turn ends with id 2."""
-    from eyas.target import load_tokenizer
     from eyas.config import TargetConfig
+    from eyas.target import load_tokenizer
 
     golden = json.loads(GOLDEN.read_text())
     encoder = HFEncoder(load_tokenizer(TargetConfig(model="embedded", device="cpu")))

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 import eyas.train
 from eyas.config import ConfigError
 from eyas.drafter.model import Eagle3Drafter
+from eyas.stage import StageError
 from eyas.train.metrics import read_metrics
 from tests.train.conftest import copy_run, load_tiny, subprocess_env, write_config
 
@@ -67,15 +68,15 @@ def test_resumed_run_in_fresh_process_continues_bit_for_bit(merged_run, tmp_path
 @pytest.mark.slow
 def test_resume_refuses_changed_settings_but_allows_more_steps(merged_run):
     eyas.train.run(load_tiny(merged_run, max_steps=1), quiet=True)
-    with pytest.raises(ConfigError, match=r"step-00000001: made with other settings \(train.lr\)"):
+    with pytest.raises(StageError, match=r"step-00000001: made with other settings \(train.lr\)"):
         eyas.train.run(load_tiny(merged_run, max_steps=2, lr=1e-4), quiet=True)
     result = eyas.train.run(load_tiny(merged_run, max_steps=2), quiet=True)
     assert result["step"] == 2
     assert [r["step"] for r in read_metrics(merged_run / "train" / "metrics.jsonl")] == [1, 2]
 
 
-def test_missing_corpus_is_a_config_error(tmp_path):
-    with pytest.raises(ConfigError, match="merge"):
+def test_missing_corpus_is_a_stage_error_naming_merge(tmp_path):
+    with pytest.raises(StageError, match="merge"):
         eyas.train.run(load_tiny(tmp_path / "empty"), quiet=True)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from eyas.config import ConfigError
+from eyas.stage import StageError
 
 BROKEN_ORDER = (2, 1, 0)
 
@@ -28,7 +28,7 @@ def load_drafter(directory: Path, target_model):
     from eyas.drafter.model import Eagle3Drafter
 
     if not (directory / "config.json").is_file():
-        raise ConfigError(f"eval: {directory} holds no drafter (no config.json); run `eyas train` and `eyas export`, or pass --draft DIR")
+        raise StageError(f"eval: {directory} holds no drafter (no config.json); run `eyas train` and `eyas export`, or pass --draft DIR")
     drafter = Eagle3Drafter.load(directory, target_model)
     drafter.eval().requires_grad_(False)
     return drafter

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from eyas.config import ConfigError, DatasetConfig, RunConfig
 from eyas.paths import RunPaths
+from eyas.stage import StageError
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ def load_eval_prompts(config: RunConfig, tokenizer, prompts_file: str | None = N
     prompts = _from_file(Path(source), tokenizer, config.eval.max_prompts) if source else _from_split(config)
     if not prompts:
         where = source or f"{RunPaths.of(config).merge_dir} (eval split)"
-        raise ConfigError(
+        raise StageError(
             f"eval: no prompts in {where}; set merge.eval_fraction or merge.eval_count above 0 and rerun merge, "
             "or give eval.prompts / --prompts FILE"
         )

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from eyas.config import ConfigError, RunConfig
-from eyas.stage import StageContract, target_identity
+from eyas.stage import StageContract, StageError, target_identity
 
 FORMATS = ("sglang", "vllm", "speculators")
 SERVED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -65,7 +65,7 @@ def run(config: RunConfig, format: str = "sglang", out: str | Path | None = None
     paths = RunPaths.of(config)
     source = paths.train_final
     if not (source / layout.CONFIG_FILE).is_file():
-        raise ConfigError(f"{source}: no trained drafter yet; run `eyas train CONFIG` first")
+        raise StageError(f"{source}: no trained drafter yet; run `eyas train CONFIG` first")
     model_config = load_model_config(config.target)
     num_layers = text_config(model_config).num_hidden_layers
     spec, weights = layout.read_drafter(source, num_layers)

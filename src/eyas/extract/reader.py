@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from eyas.config import ConfigError
 from eyas.extract import storage
+from eyas.stage import StageError
 
 
 @dataclass
@@ -53,10 +53,10 @@ class HiddenStates:
         self.hidden_dir = Path(hidden_dir)
         index = storage.index_path(self.hidden_dir)
         if not index.is_file():
-            raise ConfigError(f"{index}: missing; run `eyas extract CONFIG` (an interrupted run resumes)")
+            raise StageError(f"{index}: missing; run `eyas extract CONFIG` (an interrupted run resumes)")
         self.index = json.loads(index.read_text())
         if self.index.get("format") != storage.FORMAT:
-            raise ConfigError(f"{index}: format {self.index.get('format')!r} is not {storage.FORMAT!r}")
+            raise StageError(f"{index}: format {self.index.get('format')!r} is not {storage.FORMAT!r}")
         self._starts = [s["sample_start"] for s in self.index["shards"]]
         self._open: dict[int, _Shard] = {}
 

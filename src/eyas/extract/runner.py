@@ -22,6 +22,7 @@ from eyas.extract import fingerprint, plan, storage
 from eyas.merge.reader import read_rows, split_lengths
 from eyas.paths import RunPaths
 from eyas.records import content_hash
+from eyas.stage import StageError
 from eyas.target.capture import check_aux_layers, default_aux_layers, hf_hidden_state_indices
 from eyas.target.engines import Prefill, open_prefill
 
@@ -46,7 +47,7 @@ def plan_job(config: RunConfig, paths: RunPaths) -> Job:
 
     lengths = split_lengths(paths, "train")
     if not lengths:
-        raise ConfigError(f"{paths.merge_dir}: the train split is empty; nothing to extract")
+        raise StageError(f"{paths.merge_dir}: the train split is empty; nothing to extract")
     model_config = load_model_config(config.target)
     text = text_config(model_config)
     num_layers, hidden = text.num_hidden_layers, text.hidden_size
@@ -71,7 +72,7 @@ def _check_existing(paths: RunPaths, job: Job) -> None:
     for shard in range(len(job.shards)):
         done = storage.read_sidecar(paths.hidden_dir, shard)
         if done is not None and done.get("fingerprint") != job.fingerprint:
-            raise ConfigError(
+            raise StageError(
                 f"{storage.sidecar_path(paths.hidden_dir, shard)}: made from another merge or with other "
                 f"extract settings (now {job.settings}); delete {paths.hidden_dir} or restore the settings"
             )
@@ -159,7 +160,7 @@ def _extract_shard(config, paths, job: Job, prefill: Prefill, shard: int, advanc
         outputs = prefill.capture([rows[i]["input_ids"] for i in batch])
         for i, (aux, final) in zip(batch, outputs):
             if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
-                raise ConfigError(
+                raise StageError(
                     f"{paths.hidden_dir}: sample {rows[i]['id']} (train row {job.shards[shard].start + i}) has NaN/Inf "
                     f"hidden states under target.dtype {config.target.dtype!r}; try float32 or bfloat16"
                 )
@@ -178,7 +179,7 @@ def _write_index(paths: RunPaths, job: Job) -> dict:
     sidecars = [storage.read_sidecar(paths.hidden_dir, shard) for shard in range(len(job.shards))]
     for shard, sidecar in enumerate(sidecars):
         if sidecar is None:
-            raise ConfigError(f"{storage.shard_path(paths.hidden_dir, shard)}: missing after every rank finished; rerun extract")
+            raise StageError(f"{storage.shard_path(paths.hidden_dir, shard)}: missing after every rank finished; rerun extract")
     shards = [{k: s[k] for k in ("file", "samples", "tokens", "bytes", "sha256", "sample_start")} for s in sidecars]
     seconds = sum(s["seconds"] for s in sidecars)
     tokens = sum(s["tokens"] for s in shards)

@@ -28,6 +28,7 @@ from eyas.merge.shuffle import Buckets, SplitWriter
 from eyas.merge.stats import DROP_REASONS, SplitStats
 from eyas.paths import MERGE_STATS, RunPaths
 from eyas.records import SCHEMA_VERSION, TOKENIZED_COLUMNS, tokenized_arrow_schema
+from eyas.stage import StageError
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class Placement:
 def input_path(paths: RunPaths, dataset: DatasetConfig) -> Path:
     path = paths.tokenized(dataset.name)
     if not path.is_file():
-        raise ConfigError(f"{path}: no tokenized data for dataset {dataset.name!r}; run `eyas tokenize CONFIG` first")
+        raise StageError(f"{path}: no tokenized data for dataset {dataset.name!r}; run `eyas tokenize CONFIG` first")
     names = set(pq.read_schema(path).names)
     missing = [c for c in TOKENIZED_COLUMNS if c not in names]
     if missing:
@@ -86,7 +87,7 @@ def scan(dataset: DatasetConfig, path: Path, max_seq_len: int | None, advance=la
         bad = pc.not_equal(pc.list_value_length(masks), pc.list_value_length(tokens))
         if pc.any(bad).as_py():
             row = len(result.ids) + pc.index(bad, True).as_py()
-            raise ConfigError(f"{path}: row {row}: loss_mask and input_ids differ in length")
+            raise StageError(f"{path}: row {row}: loss_mask and input_ids differ in length")
         kept, trainable, too_long = plan.kept_lengths(masks, max_seq_len)
         result.ids.extend(ids.to_pylist())
         result.lengths.append(kept)

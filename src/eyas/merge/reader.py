@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from eyas.config import ConfigError
 from eyas.paths import RunPaths
+from eyas.stage import StageError
 
 SPLITS = ("train", "eval")
 
@@ -32,7 +32,7 @@ def _check_split(split: str) -> None:
 
 def _require_merged(paths: RunPaths) -> None:
     if not paths.merge_stats.is_file():
-        raise ConfigError(f"{paths.merge_dir}: no merged corpus yet; run `eyas merge CONFIG` first")
+        raise StageError(f"{paths.merge_dir}: no merged corpus yet; run `eyas merge CONFIG` first")
 
 
 def iter_split(paths: RunPaths, split: str, columns: list[str] | None = None) -> Iterator[dict]:

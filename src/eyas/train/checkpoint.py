@@ -22,9 +22,9 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from eyas.config import ConfigError
 from eyas.drafter.layout import WEIGHTS_FILE, save_sglang
 from eyas.drafter.model import saved_only
+from eyas.stage import StageError
 
 STATE_FILE = "state.pt"
 KEEP = 2
@@ -98,7 +98,7 @@ def restore(path: Path, drafter, optimizer, scheduler, fingerprint: dict) -> int
     saved = state.get("fingerprint", {})
     changed = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
     if changed:
-        raise ConfigError(
+        raise StageError(
             f"{path}: made with other settings ({', '.join(changed)}); restore them, "
             f"or delete {path.parent.parent} to train anew"
         )

@@ -20,6 +20,7 @@ import torch
 
 from eyas.config import ConfigError
 from eyas.paths import RunPaths
+from eyas.stage import StageError
 from eyas.target.capture import capture
 
 
@@ -122,7 +123,7 @@ class OfflineSource:
         # Sample i of the shards is row i of the merged train split.
         self._lengths = [min(n, max_seq_len) for n in split_lengths(paths, "train")]
         if len(self._lengths) != len(self.states):
-            raise ConfigError(
+            raise StageError(
                 f"{paths.hidden_dir}: {len(self.states)} samples but the merged train split has {len(self._lengths)}; "
                 "rerun `eyas extract CONFIG`"
             )
@@ -192,8 +193,8 @@ class Schedule:
 
 def check_sizes(num_samples: int, batch_size: int, world: int, source: str) -> None:
     if num_samples == 0:
-        raise ConfigError(f"{source}: the training split is empty")
+        raise StageError(f"{source}: the training split is empty")
     if batch_size % world:
         raise ConfigError(f"train.batch_size: {batch_size} is not divisible by the {world} data-parallel ranks")
     if min(num_samples, batch_size) < world:
-        raise ConfigError(f"{source}: {num_samples} samples cannot feed {world} ranks")
+        raise StageError(f"{source}: {num_samples} samples cannot feed {world} ranks")

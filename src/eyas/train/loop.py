@@ -24,6 +24,7 @@ from eyas.drafter.model import Eagle3Drafter
 from eyas.drafter.spec import spec_for_target
 from eyas.drafter.vocab import build_vocab, count_answer_tokens, draft_vocab_size, load_vocab, save_vocab
 from eyas.paths import RunPaths
+from eyas.stage import StageError
 from eyas.target import load_model
 from eyas.target.capture import check_aux_layers, default_aux_layers, num_decoder_layers
 from eyas.target.heads import TargetParts, from_files, from_model
@@ -71,7 +72,7 @@ def prepare_vocab(config: RunConfig, paths: RunPaths, vocab_size: int, world: Wo
     if path.is_file():
         d2t, t2d = load_vocab(path)
         if d2t.shape[0] != size or t2d.shape[0] != vocab_size:
-            raise ConfigError(
+            raise StageError(
                 f"train.draft_vocab_size: {path} holds {d2t.shape[0]} of {t2d.shape[0]} ids but the config asks for "
                 f"{size} of {vocab_size}; delete {paths.train_dir} to start over"
             )

@@ -28,6 +28,7 @@ from eyas.generate.http.errors import RequestFailure, RunStopped
 from eyas.generate.store import RecordWriter, scan
 from eyas.paths import RunPaths
 from eyas.prompts import iter_prompts
+from eyas.stage import StageError
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ def exclusive(lock: Path) -> Iterator[None]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise ConfigError(f"{lock.parent}: another eyas generate is running on this run_dir; let it finish or stop it") from None
+            raise StageError(f"{lock.parent}: another eyas generate is running on this run_dir; let it finish or stop it") from None
         yield  # the lock goes with the file descriptor, also when the process is killed
 
 

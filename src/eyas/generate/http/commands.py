@@ -16,7 +16,13 @@ from eyas.generate.http.budget import Pricing, estimate_prompt_tokens, replay
 from eyas.generate.http.errors import RequestFailure
 from eyas.generate.http.plan import DatasetInputs, Plan, make_plan, plan_table
 from eyas.generate.http.providers import (
-    OPENROUTER_BASE_URL, Endpoint, endpoint_json, endpoints_table, endpoints_url, parse_endpoints, provider_object,
+    OPENROUTER_BASE_URL,
+    Endpoint,
+    endpoint_json,
+    endpoints_table,
+    endpoints_url,
+    parse_endpoints,
+    provider_object,
 )
 from eyas.generate.store import read_records
 from eyas.paths import RunPaths
