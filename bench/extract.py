@@ -44,14 +44,29 @@ def make_rows(tokenizer, count: int, rng: random.Random) -> list[dict]:
     for i in range(count):
         question = " ".join(rng.choices(WORDS, k=rng.randint(8, 60)))
         answer = " ".join(rng.choices(WORDS, k=rng.randint(40, 400)))
-        prompt = list(tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"])
-        completion = tokenizer(answer, add_special_tokens=False)["input_ids"][:440] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+        prompt = list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
+        completion = tokenizer(answer, add_special_tokens=False)["input_ids"][:440] + [
+            tokenizer.convert_tokens_to_ids("<|im_end|>")
+        ]
         ids = prompt + completion
-        rows.append({
-            "id": f"bench/p{i}", "dataset": "bench", "input_ids": ids, "loss_mask": [0] * len(prompt) + [1] * len(completion),
-            "num_tokens": len(ids), "completion_tokens": len(completion), "billed_completion_tokens": len(completion),
-            "finish_reason": "stop", "format": "chatml", "flags": [],
-        })
+        rows.append(
+            {
+                "id": f"bench/p{i}",
+                "dataset": "bench",
+                "input_ids": ids,
+                "loss_mask": [0] * len(prompt) + [1] * len(completion),
+                "num_tokens": len(ids),
+                "completion_tokens": len(completion),
+                "billed_completion_tokens": len(completion),
+                "finish_reason": "stop",
+                "format": "chatml",
+                "flags": [],
+            }
+        )
     return rows
 
 
@@ -87,10 +102,19 @@ def eyas_extract(config: RunConfig, **settings) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--samples", type=int, default=24)
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="target.dtype for both methods")
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="target.dtype for both methods"
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="eyas-extract-bench-"))
-    base = RunConfig.model_validate({"run_dir": str(work / "run"), "target": {"device": "cpu", "dtype": args.dtype}, "datasets": [{"name": "bench", "source": "unused.jsonl"}], "merge": {"eval_fraction": 0.0}})
+    base = RunConfig.model_validate(
+        {
+            "run_dir": str(work / "run"),
+            "target": {"device": "cpu", "dtype": args.dtype},
+            "datasets": [{"name": "bench", "source": "unused.jsonl"}],
+            "merge": {"eval_fraction": 0.0},
+        }
+    )
     rows = make_rows(load_tokenizer(base.target), args.samples, random.Random(0))
     path = RunPaths.of(base).tokenized("bench")
     path.parent.mkdir(parents=True)
@@ -105,10 +129,22 @@ def main() -> None:
     results = []
     wall, cpu, _ = timed(straightforward, base, train, work / "loop")
     files = list((work / "loop").iterdir())
-    results.append(("straightforward loop (1 sample/forward, output_hidden_states, torch.save, bf16)", wall, cpu, len(files), sum(f.stat().st_size for f in files)))
+    results.append(
+        (
+            "straightforward loop (1 sample/forward, output_hidden_states, torch.save, bf16)",
+            wall,
+            cpu,
+            len(files),
+            sum(f.stat().st_size for f in files),
+        )
+    )
     for label, run_dir, settings in (
         ("eyas extract, bf16, padded batches", "bf16", {"dtype": "bf16", "packing": "padded"}),
-        ("eyas extract, bf16, packed (pad-free)", "packed", {"dtype": "bf16", "packing": "packed", "batch_tokens": 2048}),
+        (
+            "eyas extract, bf16, packed (pad-free)",
+            "packed",
+            {"dtype": "bf16", "packing": "packed", "batch_tokens": 2048},
+        ),
         ("eyas extract, fp8, padded batches", "fp8", {"dtype": "fp8", "packing": "padded"}),
     ):
         config = base.model_copy(update={"run_dir": str(work / run_dir)})
@@ -130,9 +166,15 @@ def main() -> None:
         shard_seconds = index["num_tokens"] / index["tokens_per_s"]
         engines.append((engine, (wall, wall - shard_seconds, index["tokens_per_s"])))
 
-    print(f"{len(train)} samples, {tokens:,} tokens, SmolLM2-135M-Instruct (embedded), CPU, target.dtype {args.dtype}, {torch.get_num_threads()} threads\n")
-    print(f"load average {os.getloadavg()[0]:.1f} (2 cores shared with other jobs: CPU-seconds are the steadier figure)\n")
-    print("| method | wall s | tokens/s | speed-up (wall) | CPU s | tokens per CPU-s | speed-up (CPU) | files | bytes/token |")
+    print(
+        f"{len(train)} samples, {tokens:,} tokens, SmolLM2-135M-Instruct (embedded), CPU, target.dtype {args.dtype}, {torch.get_num_threads()} threads\n"
+    )
+    print(
+        f"load average {os.getloadavg()[0]:.1f} (2 cores shared with other jobs: CPU-seconds are the steadier figure)\n"
+    )
+    print(
+        "| method | wall s | tokens/s | speed-up (wall) | CPU s | tokens per CPU-s | speed-up (CPU) | files | bytes/token |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     _, loop_wall, loop_cpu, _, _ = results[0]
     for label, wall, cpu, nfiles, nbytes in results:

@@ -44,12 +44,21 @@ def client_eyas(base_url: str, requests: int, concurrency: int, event_loop: str 
     with (work / "prompts.jsonl").open("w") as f:
         for i in range(requests):
             f.write(json.dumps({"id": f"p{i}", "prompt": f"Explain item {i} of the benchmark in one sentence."}) + "\n")
-    config = parse_config({
-        "run_dir": str(work / "run"),
-        "datasets": [{"name": "bench", "source": str(work / "prompts.jsonl")}],
-        "generate": {"backend": "openai", "base_url": base_url, "model": "fake/model", "concurrency": concurrency,
-                     "max_tokens": 64, "read_timeout_s": 120.0, "event_loop": event_loop},
-    })
+    config = parse_config(
+        {
+            "run_dir": str(work / "run"),
+            "datasets": [{"name": "bench", "source": str(work / "prompts.jsonl")}],
+            "generate": {
+                "backend": "openai",
+                "base_url": base_url,
+                "model": "fake/model",
+                "concurrency": concurrency,
+                "max_tokens": 64,
+                "read_timeout_s": 120.0,
+                "event_loop": event_loop,
+            },
+        }
+    )
     cpu0, _ = _usage()
     t0 = time.monotonic()
     generate.run(config, quiet=True)
@@ -57,9 +66,16 @@ def client_eyas(base_url: str, requests: int, concurrency: int, event_loop: str 
     cpu1, rss = _usage()
     records = [json.loads(line) for line in (work / "run" / "generate" / "bench.jsonl").open()]
     latencies = sorted(r["latency_s"] for r in records)
-    return {"requests": requests, "done": len(records), "wall_s": wall, "cpu_s": cpu1 - cpu0, "rss_mb": rss,
-            "p50_latency_s": latencies[len(latencies) // 2], "max_latency_s": latencies[-1],
-            "retried": sum(r["attempts"] > 1 for r in records)}
+    return {
+        "requests": requests,
+        "done": len(records),
+        "wall_s": wall,
+        "cpu_s": cpu1 - cpu0,
+        "rss_mb": rss,
+        "p50_latency_s": latencies[len(latencies) // 2],
+        "max_latency_s": latencies[-1],
+        "retried": sum(r["attempts"] > 1 for r in records),
+    }
 
 
 def client_openai(base_url: str, requests: int, concurrency: int) -> dict:
@@ -72,7 +88,8 @@ def client_openai(base_url: str, requests: int, concurrency: int) -> dict:
         async def one(i: int) -> int:
             async with gate:
                 r = await client.chat.completions.create(
-                    model="fake/model", max_tokens=64,
+                    model="fake/model",
+                    max_tokens=64,
                     messages=[{"role": "user", "content": f"Explain item {i} of the benchmark in one sentence."}],
                 )
                 return 1 if r.choices[0].message.content else 0
@@ -107,8 +124,21 @@ def _wait_for(port: int) -> None:
 
 def _run_client(name: str, base_url: str, requests: int, concurrency: int) -> dict:
     out = subprocess.run(
-        [sys.executable, __file__, "--client", name, "--base-url", base_url, "--requests", str(requests), "--concurrency", str(concurrency)],
-        capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            __file__,
+            "--client",
+            name,
+            "--base-url",
+            base_url,
+            "--requests",
+            str(requests),
+            "--concurrency",
+            str(concurrency),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -126,14 +156,24 @@ def main() -> None:
         if args.client == "openai":
             result = client_openai(args.base_url, args.requests, args.concurrency)
         else:
-            result = client_eyas(args.base_url, args.requests, args.concurrency, "asyncio" if args.client == "eyas-asyncio" else "uvloop")
+            result = client_eyas(
+                args.base_url, args.requests, args.concurrency, "asyncio" if args.client == "eyas-asyncio" else "uvloop"
+            )
         print(json.dumps(result))
         return
 
     port = _free_port()
     server = subprocess.Popen(
-        [sys.executable, str(ROOT / "tests" / "generate" / "fake_openai.py"), "--port", str(port), "--latency", str(args.latency)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            str(ROOT / "tests" / "generate" / "fake_openai.py"),
+            "--port",
+            str(port),
+            "--latency",
+            str(args.latency),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         _wait_for(port)
@@ -155,14 +195,18 @@ def main() -> None:
     for name, r in rows.items():
         ideal = -(-r["requests"] // args.concurrency) * args.latency
         per_req[name] = r["cpu_s"] / r["requests"] * 1000
-        print(f"{name:32} {r['requests']:>9,} {r['done']:>7,} {r['wall_s']:>8.1f} {ideal:>8.1f} {r['wall_s'] / ideal:>10.2f} "
-              f"{r['cpu_s']:>8.1f} {per_req[name]:>12.3f} {r['rss_mb']:>11.0f}")
+        print(
+            f"{name:32} {r['requests']:>9,} {r['done']:>7,} {r['wall_s']:>8.1f} {ideal:>8.1f} {r['wall_s'] / ideal:>10.2f} "
+            f"{r['cpu_s']:>8.1f} {per_req[name]:>12.3f} {r['rss_mb']:>11.0f}"
+        )
     print(f"\nCPU s per 1,000 requests = ms per request. Server latency {args.latency:g} s.")
     openai_cpu = per_req["openai.AsyncOpenAI + semaphore"]
     for name, r in rows.items():
         if name.startswith("eyas"):
-            print(f"{name}: request latency p50 {r['p50_latency_s']:.2f} s, max {r['max_latency_s']:.2f} s; "
-                  f"{r['retried']} retried; AsyncOpenAI spends {openai_cpu / per_req[name]:.1f}x its CPU per request")
+            print(
+                f"{name}: request latency p50 {r['p50_latency_s']:.2f} s, max {r['max_latency_s']:.2f} s; "
+                f"{r['retried']} retried; AsyncOpenAI spends {openai_cpu / per_req[name]:.1f}x its CPU per request"
+            )
 
 
 if __name__ == "__main__":

@@ -24,8 +24,24 @@ from eyas.target.generation import Job, LocalGenerator, run_jobs
 from eyas.target.vllm import vllm_python
 from eyas.target.vllm_engine import VllmGenerator
 
-TOPICS = ["rain", "volcanoes", "bread", "chess", "the moon", "bees", "rivers", "jazz",
-          "glaciers", "paper", "bicycles", "tea", "owls", "deserts", "clocks", "salt"]
+TOPICS = [
+    "rain",
+    "volcanoes",
+    "bread",
+    "chess",
+    "the moon",
+    "bees",
+    "rivers",
+    "jazz",
+    "glaciers",
+    "paper",
+    "bicycles",
+    "tea",
+    "owls",
+    "deserts",
+    "clocks",
+    "salt",
+]
 
 
 def questions(n: int) -> list[str]:
@@ -69,10 +85,13 @@ def main() -> None:
     except ConfigError as e:
         Console().print(f"vLLM row skipped: {e}")
     else:
-        config = RunConfig.model_validate({
-            "run_dir": tempfile.mkdtemp(), "target": {"device": "cpu"},
-            "generate": {"backend": "vllm", "max_tokens": args.max_tokens, "batch_size": args.batch_size},
-        })
+        config = RunConfig.model_validate(
+            {
+                "run_dir": tempfile.mkdtemp(),
+                "target": {"device": "cpu"},
+                "generate": {"backend": "vllm", "max_tokens": args.max_tokens, "batch_size": args.batch_size},
+            }
+        )
         started = time.perf_counter()
         with VllmGenerator(config, tokenizer, end, {end}, "float32", Path(config.run_dir) / "vllm.log") as generator:
             generator.generate_batch([jobs[0].prompt_ids], 0, 1)  # waits for the engine to be up

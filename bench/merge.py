@@ -77,17 +77,30 @@ def main() -> None:
     scale = args.tokens / sum(int(v.sum()) for v in corpus.values())
     t = time.monotonic()
     for name, lengths in corpus.items():
-        write_dataset(args.dir / "run" / "tokenize" / f"{name}.parquet", name, np.maximum(2, (lengths * scale).astype(np.int64)), rng)
+        write_dataset(
+            args.dir / "run" / "tokenize" / f"{name}.parquet",
+            name,
+            np.maximum(2, (lengths * scale).astype(np.int64)),
+            rng,
+        )
     made = time.monotonic() - t
     datasets = "".join(f"  - {{name: {n}, source: unused.jsonl}}\n" for n in corpus)
     config = args.dir / "run.yaml"
-    config.write_text(f"run_dir: run\ndatasets:\n{datasets}merge:\n  max_seq_len: 8192\n  bucket_mb: {args.bucket_mb}\n")
-    out = subprocess.run([sys.executable, "-c", CHILD, str(config)], capture_output=True, text=True, check=True).stdout.split()
+    config.write_text(
+        f"run_dir: run\ndatasets:\n{datasets}merge:\n  max_seq_len: 8192\n  bucket_mb: {args.bucket_mb}\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(config)], capture_output=True, text=True, check=True
+    ).stdout.split()
     peak_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     input_mb = sum(p.stat().st_size for p in (args.dir / "run" / "tokenize").iterdir()) / 1e6
-    print("| input tokens | input Parquet | train samples | train tokens (cap 8,192) | eval samples | bucket_mb | merge time | peak RSS |")
+    print(
+        "| input tokens | input Parquet | train samples | train tokens (cap 8,192) | eval samples | bucket_mb | merge time | peak RSS |"
+    )
     print("|---|---|---|---|---|---|---|---|")
-    print(f"| {args.tokens / 1e6:.0f}M | {input_mb:,.0f} MB | {int(out[0]):,} | {int(out[1]):,} | {int(out[2]):,} | {args.bucket_mb} | {float(out[3]):.0f} s | {peak_mb:,.0f} MB |")
+    print(
+        f"| {args.tokens / 1e6:.0f}M | {input_mb:,.0f} MB | {int(out[0]):,} | {int(out[1]):,} | {int(out[2]):,} | {args.bucket_mb} | {float(out[3]):.0f} s | {peak_mb:,.0f} MB |"
+    )
     print(f"(synthetic input written in {made:.0f} s)", file=sys.stderr)
 
 

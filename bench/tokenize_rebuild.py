@@ -43,8 +43,16 @@ def synthetic(n: int, seed: int = 0) -> list[GenerationRecord]:
         answer = " ".join(rng.choices(WORDS, k=rng.randint(40, 80))) + "."
         out.append(
             GenerationRecord(
-                id=f"bench/{i}", dataset="bench", prompt_id=str(i), messages=[{"role": "user", "content": question}],
-                content=answer, finish_reason="stop", usage=Usage(), model="m", provider="p", created=0.0,
+                id=f"bench/{i}",
+                dataset="bench",
+                prompt_id=str(i),
+                messages=[{"role": "user", "content": question}],
+                content=answer,
+                finish_reason="stop",
+                usage=Usage(),
+                model="m",
+                provider="p",
+                created=0.0,
             )
         )
     return out
@@ -56,9 +64,7 @@ ASSISTANT = re.compile(r"<\|im_start\|>assistant\n(.*?)<\|im_end\|>", re.S)
 def straightforward(tokenizer, records: list[GenerationRecord]) -> int:
     tokens = 0
     for r in records:
-        text = tokenizer.apply_chat_template(
-            r.messages + [{"role": "assistant", "content": r.content}], tokenize=False
-        )
+        text = tokenizer.apply_chat_template(r.messages + [{"role": "assistant", "content": r.content}], tokenize=False)
         span = list(ASSISTANT.finditer(text))[-1]
         enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         start, end = span.start(1), span.end(0)
@@ -106,17 +112,25 @@ def main() -> None:
     batched(fmt, records[:256])
     eyas = timed(batched, fmt, records)
     naive = timed(straightforward, tokenizer, records)
-    print(f"{len(records)} records, chatml, SmolLM2 tokenizer, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"{len(records)} records, chatml, SmolLM2 tokenizer, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}"
+    )
     print(f"{'method':<42}{'tokens':>10}{'wall s':>8}{'tokens/s':>12}{'CPU s':>8}{'tokens/CPU-s':>14}")
-    for name, (tokens, wall, cpu) in (("straightforward (template+regex+offsets)", naive), ("eyas batched rebuild", eyas)):
+    for name, (tokens, wall, cpu) in (
+        ("straightforward (template+regex+offsets)", naive),
+        ("eyas batched rebuild", eyas),
+    ):
         print(f"{name:<42}{tokens:>10}{wall:>8.2f}{tokens / wall:>12,.0f}{cpu:>8.2f}{tokens / cpu:>14,.0f}")
     print(f"eyas / straightforward: {naive[1] / eyas[1]:.2f}x wall, {naive[2] / eyas[2]:.2f}x CPU")
     kimi_fmt = kimi_format()
     with_reasoning = [replace(r, reasoning=r.content, content=r.content[: len(r.content) // 2]) for r in records]
     batched(kimi_fmt, with_reasoning[:256])
     tokens, wall, cpu = timed(batched, kimi_fmt, with_reasoning)
-    print(f"eyas kimi-k2.5 (tiktoken, Kimi regex over cl100k ranks, reasoning + content): {tokens} tokens, "
-          f"{tokens / wall:,.0f} tokens/s, {tokens / cpu:,.0f} tokens/CPU-s")
+    print(
+        f"eyas kimi-k2.5 (tiktoken, Kimi regex over cl100k ranks, reasoning + content): {tokens} tokens, "
+        f"{tokens / wall:,.0f} tokens/s, {tokens / cpu:,.0f} tokens/CPU-s"
+    )
+
 
 if __name__ == "__main__":
     main()

@@ -24,15 +24,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+# The synthetic chat samples of the extraction bench (64–512 tokens, answer under loss).
+from extract import make_rows  # noqa: E402  (bench/ is on sys.path when run as a script)
+
 from eyas import extract, merge, train
 from eyas.config import RunConfig
 from eyas.paths import RunPaths
 from eyas.records import tokenized_arrow_schema
 from eyas.target import load_tokenizer
 from eyas.train.metrics import read_metrics
-
-# The synthetic chat samples of the extraction bench (64–512 tokens, answer under loss).
-from extract import make_rows  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 
 def timed_train(config: RunConfig, skip: int = 1) -> tuple[float, float]:
@@ -49,12 +49,25 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="eyas-train-bench-"))
-    small = {"ttt_steps": 3, "draft_vocab_size": 4096, "batch_size": 8, "max_steps": args.steps, "epochs": 100.0,
-             "eval_every": 10_000, "checkpoint_every": 10_000}
-    base = RunConfig.model_validate({
-        "run_dir": str(work / "base"), "target": {"device": "cpu"}, "datasets": [{"name": "bench", "source": "unused.jsonl"}],
-        "merge": {"eval_fraction": 0.0}, "extract": {"mode": "online"}, "train": small,
-    })
+    small = {
+        "ttt_steps": 3,
+        "draft_vocab_size": 4096,
+        "batch_size": 8,
+        "max_steps": args.steps,
+        "epochs": 100.0,
+        "eval_every": 10_000,
+        "checkpoint_every": 10_000,
+    }
+    base = RunConfig.model_validate(
+        {
+            "run_dir": str(work / "base"),
+            "target": {"device": "cpu"},
+            "datasets": [{"name": "bench", "source": "unused.jsonl"}],
+            "merge": {"eval_fraction": 0.0},
+            "extract": {"mode": "online"},
+            "train": small,
+        }
+    )
     rows = make_rows(load_tokenizer(base.target), args.samples, random.Random(0))
     path = RunPaths.of(base).tokenized("bench")
     path.parent.mkdir(parents=True)
@@ -62,11 +75,13 @@ def main() -> None:
     merge.run(base, quiet=True)
 
     def variant(name: str, mode: str = "online", **train_settings) -> RunConfig:
-        config = base.model_copy(update={
-            "run_dir": str(work / name),
-            "extract": base.extract.model_copy(update={"mode": mode}),
-            "train": base.train.model_copy(update=train_settings),
-        })
+        config = base.model_copy(
+            update={
+                "run_dir": str(work / name),
+                "extract": base.extract.model_copy(update={"mode": mode}),
+                "train": base.train.model_copy(update=train_settings),
+            }
+        )
         (work / name).mkdir()
         os.symlink(RunPaths.of(base).merge_dir, RunPaths.of(config).merge_dir)
         return config
@@ -88,8 +103,10 @@ def main() -> None:
     results.append(("online, default drafter (7 TTT steps, 32,000-id vocab)", seconds, rate))
 
     tokens = sum(len(r["input_ids"]) for r in rows)
-    print(f"{len(rows)} samples, {tokens:,} tokens, batch 8, {args.steps} steps, SmolLM2-135M-Instruct (embedded), "
-          f"CPU, {torch.get_num_threads()} threads\n")
+    print(
+        f"{len(rows)} samples, {tokens:,} tokens, batch 8, {args.steps} steps, SmolLM2-135M-Instruct (embedded), "
+        f"CPU, {torch.get_num_threads()} threads\n"
+    )
     print("| run | wall seconds | train tokens/s | vs online |")
     print("|---|---|---|---|")
     online_rate = results[0][2]

@@ -27,7 +27,6 @@ PROMPTS = (
 )
 
 
-
 @torch.inference_mode()
 def tokenized_rows(tokenizer, model, dataset: str, prompts=PROMPTS, max_new_tokens: int = 16) -> list[dict]:
     """One row per prompt with the model's own greedy completion."""
@@ -36,8 +35,10 @@ def tokenized_rows(tokenizer, model, dataset: str, prompts=PROMPTS, max_new_toke
     for i, text in enumerate(prompts):
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
         prompt = list(prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt)
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=end, pad_token_id=end)
-        completion = out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=end, pad_token_id=end
+        )
+        completion = out[0, len(prompt) :].tolist()
         finish = "stop" if completion and completion[-1] == end else "length"
         ids = prompt + completion
         rows.append(

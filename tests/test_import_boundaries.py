@@ -70,7 +70,13 @@ def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
     for package in STAGES + SHARED:
         (fake / package).mkdir(parents=True)
     (fake / "eval" / "bad.py").write_text("def f():\n    from eyas.train.loop import train\n")
-    (fake / "eval" / "good.py").write_text("from eyas.merge.reader import iter_split\nfrom eyas.drafter.model import Eagle3Drafter\n")
+    (fake / "eval" / "good.py").write_text(
+        "from eyas.merge.reader import iter_split\nfrom eyas.drafter.model import Eagle3Drafter\n"
+    )
     (fake / "target" / "bad.py").write_text("import eyas.extract.reader\n")
     monkeypatch.setattr(__import__(__name__, fromlist=["SRC"]), "SRC", fake)
-    assert violations() == ["eval/bad.py imports eyas.train.loop", "eval/bad.py imports eyas.train.loop.train", "target/bad.py imports eyas.extract.reader"]
+    assert violations() == [
+        "eval/bad.py imports eyas.train.loop",
+        "eval/bad.py imports eyas.train.loop.train",
+        "target/bad.py imports eyas.extract.reader",
+    ]

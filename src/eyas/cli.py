@@ -17,7 +17,9 @@ from eyas.paths import RunPaths
 from eyas.stage import StageError
 from eyas.target.vllm import VllmError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Train EAGLE-3 drafters from a target model's own outputs.")
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="Train EAGLE-3 drafters from a target model's own outputs."
+)
 config_app = typer.Typer(no_args_is_help=True, help="Inspect run configs.")
 prompts_app = typer.Typer(no_args_is_help=True, help="Stage 1: prompt datasets.")
 app.add_typer(config_app, name="config")
@@ -71,7 +73,8 @@ def generate(config: ConfigArg, quiet: QuietOpt = False) -> None:
 def tokenize(
     config: ConfigArg,
     verify_ids: Annotated[
-        bool, typer.Option("--verify-ids", help="Compare the rebuild with the sampled token_ids where records carry them.")
+        bool,
+        typer.Option("--verify-ids", help="Compare the rebuild with the sampled token_ids where records carry them."),
     ] = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -108,7 +111,9 @@ def extract(config: ConfigArg, quiet: QuietOpt = False) -> None:
 @app.command()
 def train(
     config: ConfigArg,
-    stop_after: Annotated[int | None, typer.Option(min=1, help="Stop after this many steps (with a checkpoint); rerun to continue.")] = None,
+    stop_after: Annotated[
+        int | None, typer.Option(min=1, help="Stop after this many steps (with a checkpoint); rerun to continue.")
+    ] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Stage 6: train the EAGLE-3 drafter (resumes from the newest checkpoint; torchrun-aware)."""
@@ -117,7 +122,9 @@ def train(
     result = stage.run(_open_run(config, quiet), quiet, stop_after)
     if result["eval"] is not None:
         accs = " ".join(f"{a:.3f}" for a in result["eval"]["acc"])
-        console.print(f"eval: acc per step {accs}; simulated acceptance length {result['eval']['acceptance_length']:.3f}")
+        console.print(
+            f"eval: acc per step {accs}; simulated acceptance length {result['eval']['acceptance_length']:.3f}"
+        )
     if result["final"] is not None:
         console.print(f"drafter: {result['final']}")
 
@@ -138,9 +145,19 @@ def export(
 @app.command("eval")
 def eval_(
     config: ConfigArg,
-    prompts: Annotated[Path | None, typer.Option(help="Prompt file (any stage-1 format) instead of the held-out split.")] = None,
-    draft: Annotated[Path | None, typer.Option(help="Drafter directory (default run_dir/export/sglang, or export/vllm with --engine vllm).")] = None,
-    engine: Annotated[str | None, typer.Option(help="eyas, or vllm: also serve the export in vLLM and check its τ against eyas's (default eval.engine).")] = None,
+    prompts: Annotated[
+        Path | None, typer.Option(help="Prompt file (any stage-1 format) instead of the held-out split.")
+    ] = None,
+    draft: Annotated[
+        Path | None,
+        typer.Option(help="Drafter directory (default run_dir/export/sglang, or export/vllm with --engine vllm)."),
+    ] = None,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            help="eyas, or vllm: also serve the export in vLLM and check its τ against eyas's (default eval.engine)."
+        ),
+    ] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Stage 7: speculative decoding with the drafter vs prompt lookup: τ, acceptance, lossless check."""
@@ -148,7 +165,9 @@ def eval_(
 
     if engine not in (None, "eyas", "vllm"):
         raise ConfigError(f"--engine: {engine!r} is not one of eyas, vllm")
-    report = stage.run(_open_run(config, quiet), quiet, prompts=str(prompts) if prompts else None, draft=draft, engine=engine)
+    report = stage.run(
+        _open_run(config, quiet), quiet, prompts=str(prompts) if prompts else None, draft=draft, engine=engine
+    )
     _exit_on_eval_failures(report)
 
 
@@ -168,9 +187,13 @@ def _exit_on_eval_failures(report: dict) -> None:
 @app.command("run")
 def run_stages(
     config: ConfigArg,
-    first: Annotated[str | None, typer.Option("--from", help="First stage: generate, tokenize, merge, extract, train, export, eval.")] = None,
+    first: Annotated[
+        str | None, typer.Option("--from", help="First stage: generate, tokenize, merge, extract, train, export, eval.")
+    ] = None,
     last: Annotated[str | None, typer.Option("--to", help="Last stage.")] = None,
-    verify_ids: Annotated[bool, typer.Option("--verify-ids", help="Tokenize: compare rebuilt ids with sampled ids.")] = False,
+    verify_ids: Annotated[
+        bool, typer.Option("--verify-ids", help="Tokenize: compare rebuilt ids with sampled ids.")
+    ] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Run the configured stages in order; finished stages are skipped, stale input is refused."""
@@ -194,8 +217,12 @@ def status(config: ConfigArg) -> None:
 def providers(
     model: Annotated[str, typer.Argument(help="Model as the API names it, e.g. moonshotai/kimi-k2.5.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
-    config: Annotated[Path | None, typer.Option("--config", help="Run config whose provider policy is applied.")] = None,
-    base_url: Annotated[str | None, typer.Option("--base-url", help="API base URL (default: the config's, else OpenRouter).")] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="Run config whose provider policy is applied.")
+    ] = None,
+    base_url: Annotated[
+        str | None, typer.Option("--base-url", help="API base URL (default: the config's, else OpenRouter).")
+    ] = None,
 ) -> None:
     """List a model's endpoints (price, quantization, speed) and which pass the provider policy."""
     from eyas.generate.http.commands import providers_command
@@ -207,7 +234,9 @@ def providers(
 @app.command()
 def plan(
     config: ConfigArg,
-    apply: Annotated[bool, typer.Option("--apply", help="Write the proposed output_token_target values into CONFIG.")] = False,
+    apply: Annotated[
+        bool, typer.Option("--apply", help="Write the proposed output_token_target values into CONFIG.")
+    ] = False,
 ) -> None:
     """Project generation cost per dataset against generate.budget_usd; propose targets that fit."""
     from eyas.generate.http.commands import plan_command

@@ -258,7 +258,9 @@ class ExtractConfig(Section):
     @model_validator(mode="after")
     def _online_runs_in_the_trainer(self) -> ExtractConfig:
         if self.mode == "online" and self.engine == "vllm":
-            raise ValueError("engine 'vllm' writes shards; mode 'online' runs the target inside the trainer with transformers")
+            raise ValueError(
+                "engine 'vllm' writes shards; mode 'online' runs the target inside the trainer with transformers"
+            )
         return self
 
 
@@ -336,7 +338,9 @@ class EvalConfig(Section):
     @model_validator(mode="after")
     def _someone_runs_the_target(self) -> EvalConfig:
         if not self.in_process and self.engine != "vllm":
-            raise ValueError("in_process: false needs engine 'vllm': with the target not loaded here, vLLM is what measures τ")
+            raise ValueError(
+                "in_process: false needs engine 'vllm': with the target not loaded here, vLLM is what measures τ"
+            )
         return self
 
 

@@ -80,7 +80,14 @@ class LoggedProgress(Progress):
             left = f", ~{timedelta(seconds=round(task.time_remaining))} left" if task.time_remaining is not None else ""
             rate = task.fields.get("rate")
             speed = f", {rate:,.1f} {self.unit}/s" if rate else ""
-            log.info("%s: %s%s, %s elapsed%s", task.description, done, speed, timedelta(seconds=round(task.elapsed or 0)), left)
+            log.info(
+                "%s: %s%s, %s elapsed%s",
+                task.description,
+                done,
+                speed,
+                timedelta(seconds=round(task.elapsed or 0)),
+                left,
+            )
 
 
 def progress(quiet: bool = False, unit: str = "tok", log_every: float = LOG_EVERY_S) -> Progress:

@@ -131,9 +131,15 @@ def summary_table(s: dict) -> Table:
     t.add_column("value", justify="right")
     rate = "n/a" if s["rebuild_exact"] is None else f"{s['rebuild_exact']:.1%} of {s['rebuild_verified']}"
     rows = [
-        ("train samples / tokens (trainable)", f"{s['train_samples']:,} / {s['train_tokens']:,} ({s['trainable_tokens']:,})"),
+        (
+            "train samples / tokens (trainable)",
+            f"{s['train_samples']:,} / {s['train_tokens']:,} ({s['trainable_tokens']:,})",
+        ),
         ("token-rebuild exact match", rate),
-        ("training time", "n/a" if s["train_seconds"] is None else f"{s['train_seconds']:.0f} s ({s['train_cpu_seconds']:.0f} s CPU)"),
+        (
+            "training time",
+            "n/a" if s["train_seconds"] is None else f"{s['train_seconds']:.0f} s ({s['train_cpu_seconds']:.0f} s CPU)",
+        ),
         (f"τ drafter ({s['eval_prompts']} held-out prompts)", f"{s['tau_drafter']:.2f}"),
         ("τ prompt lookup", f"{s['tau_lookup']:.2f}"),
         ("τ broken drafter (aux order reversed)", "n/a" if s["tau_broken"] is None else f"{s['tau_broken']:.2f}"),

@@ -132,7 +132,13 @@ def gather(config: RunConfig) -> Inputs:
     else:
         throughput_source = f"{throughput:,.0f} tok/s {throughput_source}"
     return Inputs(
-        text.hidden_size, text.num_hidden_layers, histograms, config.extract.dtype, throughput, source, throughput_source,
+        text.hidden_size,
+        text.num_hidden_layers,
+        histograms,
+        config.extract.dtype,
+        throughput,
+        source,
+        throughput_source,
         engine_description(config.extract),
     )
 
@@ -165,7 +171,9 @@ def _corpus(config: RunConfig, paths: RunPaths) -> tuple[dict[str, list[dict]], 
         h.add(pq.read_table(path, columns=["num_tokens"]).column(0).to_numpy())
         histograms[d.name] = h.to_json()
     if not histograms:
-        raise StageError(f"{paths.root}: no tokenized or merged data to estimate from; run `eyas tokenize CONFIG` first")
+        raise StageError(
+            f"{paths.root}: no tokenized or merged data to estimate from; run `eyas tokenize CONFIG` first"
+        )
     return histograms, "tokenize output (before merge)"
 
 

@@ -152,6 +152,8 @@ def run(
         seconds, cpu_seconds = time.monotonic() - started, time.process_time() - cpu_started
         log.info("%s: done in %.0f s (%.0f s of CPU)", stage.name, seconds, cpu_seconds)
         timing = {"seconds": seconds, "cpu_seconds": cpu_seconds}
-        write_json_atomic(paths.stage_marker(stage.name), {"settings": _settings(config, stage), **timing, "finished": time.time()})
+        write_json_atomic(
+            paths.stage_marker(stage.name), {"settings": _settings(config, stage), **timing, "finished": time.time()}
+        )
         results[stage.name] = {"status": "ran", **timing, "result": result}
     return results

@@ -64,7 +64,10 @@ def test_duplicate_dataset_names_are_rejected():
 
 
 def test_relative_paths_resolve_against_the_config_file(tmp_path):
-    path = write(tmp_path, "run_dir: out\ndatasets:\n  - name: a\n    source: data/a.jsonl\n  - name: b\n    source: org/hub-set\n")
+    path = write(
+        tmp_path,
+        "run_dir: out\ndatasets:\n  - name: a\n    source: data/a.jsonl\n  - name: b\n    source: org/hub-set\n",
+    )
     config = load_config(path)
     assert config.run_dir == str(tmp_path / "out")
     assert config.datasets[0].source == str(tmp_path / "data" / "a.jsonl")

@@ -35,7 +35,9 @@ def histograms(corpus: dict[str, np.ndarray]) -> dict[str, list[dict]]:
 
 def test_reference_shape_is_about_7_9_tb_and_caps_fp8_drops_save():
     corpus = reference_corpus()
-    lines = {line.scenario: line for line in estimate(Inputs(7168, 61, histograms(corpus), "bf16", 500.0, "test", "test"))}
+    lines = {
+        line.scenario: line for line in estimate(Inputs(7168, 61, histograms(corpus), "bf16", 500.0, "test", "test"))
+    }
     base = lines["as configured (bf16)"]
     assert base.tokens == REFERENCE_TOKENS
     assert base.bytes == pytest.approx(7.9e12, rel=0.01)  # 138M × 4 × 7,168 × 2 bytes
@@ -43,7 +45,9 @@ def test_reference_shape_is_about_7_9_tb_and_caps_fp8_drops_save():
     capped = REFERENCE_TOKENS - sum(int(np.maximum(v - 8192, 0).sum()) for v in corpus.values())
     assert lines["cap at 8,192 tokens"].tokens == capped  # exact: 8,192 is a histogram edge
     # fp8 stores only the 3 aux layers in e4m3 (+ a float32 scale each); final stays bf16: 62.5%, not half.
-    assert lines["fp8 storage"].bytes / base.bytes == pytest.approx((3 * 7168 + 3 * 4 + 2 * 7168 + 5) / (4 * 7168 * 2 + 5))
+    assert lines["fp8 storage"].bytes / base.bytes == pytest.approx(
+        (3 * 7168 + 3 * 4 + 2 * 7168 + 5) / (4 * 7168 * 2 + 5)
+    )
     assert lines["fp8 storage"].bytes / base.bytes == pytest.approx(0.625, abs=0.001)
     assert lines["fp8 storage"].bytes == pytest.approx(4.95e12, rel=0.01)  # 138M × 35,857 bytes
     assert lines["cap at 8,192 tokens + fp8"].bytes < lines["fp8 storage"].bytes
@@ -61,7 +65,15 @@ def test_caps_between_histogram_edges_are_approximated_within_a_few_percent():
 def write_reference_target(directory):
     directory.mkdir()
     (directory / "config.json").write_text(
-        json.dumps({"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, "num_hidden_layers": 61, "vocab_size": 163840})
+        json.dumps(
+            {
+                "model_type": "deepseek_v3",
+                "architectures": ["DeepseekV3ForCausalLM"],
+                "hidden_size": 7168,
+                "num_hidden_layers": 61,
+                "vocab_size": 163840,
+            }
+        )
     )
     return directory
 
@@ -70,7 +82,9 @@ def test_eyas_estimate_reads_only_the_targets_config_and_merge_stats(tmp_path):
     target = write_reference_target(tmp_path / "kimi-shape")
     run_dir = tmp_path / "run"
     (run_dir / "merge").mkdir(parents=True)
-    stats = {"datasets": {name: {"train": {"length_histogram": h}} for name, h in histograms(reference_corpus()).items()}}
+    stats = {
+        "datasets": {name: {"train": {"length_histogram": h}} for name, h in histograms(reference_corpus()).items()}
+    }
     (run_dir / "merge" / "stats.json").write_text(json.dumps(stats))
     config = tmp_path / "run.yaml"
     config.write_text(
@@ -93,8 +107,21 @@ def test_before_merge_it_reads_tokenize_lengths_and_without_data_it_says_what_to
     config = RunConfig.model_validate({"run_dir": str(tmp_path), "datasets": [{"name": "a", "source": "x.jsonl"}]})
     with pytest.raises(StageError, match="run `eyas tokenize CONFIG` first"):
         gather(config)
-    rows = [{"id": f"a/{i}", "dataset": "a", "input_ids": [1] * n, "loss_mask": [1] * n, "num_tokens": n, "completion_tokens": n,
-             "billed_completion_tokens": n, "finish_reason": "stop", "format": "chatml", "flags": []} for i, n in enumerate((10, 20, 3000))]
+    rows = [
+        {
+            "id": f"a/{i}",
+            "dataset": "a",
+            "input_ids": [1] * n,
+            "loss_mask": [1] * n,
+            "num_tokens": n,
+            "completion_tokens": n,
+            "billed_completion_tokens": n,
+            "finish_reason": "stop",
+            "format": "chatml",
+            "flags": [],
+        }
+        for i, n in enumerate((10, 20, 3000))
+    ]
     write_tokenized(tmp_path / "tokenize" / "a.parquet", rows)
     inputs = gather(config)
     assert inputs.hidden_size == 576 and inputs.num_layers == 30 and inputs.throughput is None
@@ -105,17 +132,34 @@ def test_before_merge_it_reads_tokenize_lengths_and_without_data_it_says_what_to
 def test_a_measured_throughput_replaces_the_assumption_only_for_the_engine_that_measured_it(tmp_path):
     from tests.corpus import write_tokenized
 
-    rows = [{"id": "a/0", "dataset": "a", "input_ids": [1] * 10, "loss_mask": [1] * 10, "num_tokens": 10, "completion_tokens": 10,
-             "billed_completion_tokens": 10, "finish_reason": "stop", "format": "chatml", "flags": []}]
+    rows = [
+        {
+            "id": "a/0",
+            "dataset": "a",
+            "input_ids": [1] * 10,
+            "loss_mask": [1] * 10,
+            "num_tokens": 10,
+            "completion_tokens": 10,
+            "billed_completion_tokens": 10,
+            "finish_reason": "stop",
+            "format": "chatml",
+            "flags": [],
+        }
+    ]
     write_tokenized(tmp_path / "tokenize" / "a.parquet", rows)
     (tmp_path / "hidden").mkdir()
     (tmp_path / "hidden" / "index.json").write_text(json.dumps({"tokens_per_s": 900.0, "engines": ["vllm"]}))
 
     def inputs(engine: str):
-        return gather(RunConfig.model_validate({
-            "run_dir": str(tmp_path), "datasets": [{"name": "a", "source": "x.jsonl"}],
-            "extract": {"engine": engine, "throughput_tokens_per_s": 300},
-        }))
+        return gather(
+            RunConfig.model_validate(
+                {
+                    "run_dir": str(tmp_path),
+                    "datasets": [{"name": "a", "source": "x.jsonl"}],
+                    "extract": {"engine": engine, "throughput_tokens_per_s": 300},
+                }
+            )
+        )
 
     vllm, transformers = inputs("vllm"), inputs("transformers")
     assert vllm.throughput == 900.0 and "measured by the last extract (vllm)" in vllm.throughput_source

@@ -14,7 +14,11 @@ def overfit(model, tokenizer):
     """(prompt ids, greedy continuations, stop ids, drafter trained on exactly those)."""
     stop = {tokenizer.convert_tokens_to_ids("<|im_end|>")}
     prompts = [
-        list(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, return_dict=True)["input_ids"])
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": t}], add_generation_prompt=True, return_dict=True
+            )["input_ids"]
+        )
         for t in TEXTS
     ]
     with TargetRunner(model) as runner:

@@ -20,7 +20,9 @@ OVERFIT_NEW = 16
 """Tokens generated per prompt, in training and in the tests that evaluate the drafter."""
 
 
-def overfit_drafter(model, sequences: list[list[int]], steps: int = 40, ttt_steps: int = 3, seed: int = 0) -> Eagle3Drafter:
+def overfit_drafter(
+    model, sequences: list[list[int]], steps: int = 40, ttt_steps: int = 3, seed: int = 0
+) -> Eagle3Drafter:
     torch.manual_seed(seed)
     aux_layers = default_aux_layers(num_decoder_layers(model))
     length = min(len(s) for s in sequences)

@@ -16,7 +16,14 @@ MAX_NEW = 16
 @pytest.fixture(scope="module")
 def prompts(tokenizer):
     texts = ["Repeat after me: red green blue red green blue red green", "What is two plus two?"]
-    return [list(tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, return_dict=True)["input_ids"]) for t in texts]
+    return [
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": t}], add_generation_prompt=True, return_dict=True
+            )["input_ids"]
+        )
+        for t in texts
+    ]
 
 
 @pytest.fixture(scope="module")

@@ -56,7 +56,6 @@ def test_drafter_sampling_is_reproducible(model, overfit, sample_drafts):
     assert first.tau > 1.0
 
 
-
 def _misnumbered_copy(drafter, directory):
     """The drafter saved as eyas wrote exports before the numbering fix: output-layer ids at the
     top level, where vLLM reads "the state entering layer k", and no eagle_config."""
@@ -83,10 +82,22 @@ def test_an_export_read_with_shifted_layer_ids_loses_acceptance(tmp_path):
     from .overfit import overfit_drafter
 
     torch.manual_seed(0)
-    target = LlamaForCausalLM(LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=512, initializer_range=1.0, tie_word_embeddings=False,
-    )).eval().requires_grad_(False)
+    target = (
+        LlamaForCausalLM(
+            LlamaConfig(
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=8,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                vocab_size=512,
+                initializer_range=1.0,
+                tie_word_embeddings=False,
+            )
+        )
+        .eval()
+        .requires_grad_(False)
+    )
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 512, (12,), generator=generator).tolist() for _ in range(3)]
     stop = {0}

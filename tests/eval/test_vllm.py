@@ -33,8 +33,22 @@ def vllm_run(tmp_path_factory, overfit):
         f"eval: {{num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl, broken_control: false}}\n"
     )
     done = subprocess.run(
-        [sys.executable, "-m", "eyas", "eval", str(root / "run.yaml"), "--engine", "vllm", "--draft", str(root / "draft"), "-q"],
-        capture_output=True, text=True, env=subprocess_env(), timeout=900,
+        [
+            sys.executable,
+            "-m",
+            "eyas",
+            "eval",
+            str(root / "run.yaml"),
+            "--engine",
+            "vllm",
+            "--draft",
+            str(root / "draft"),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=900,
     )
     return root, done
 
@@ -64,8 +78,21 @@ def test_a_second_run_reuses_vllms_result(vllm_run):
     cached = list((root / "run" / "eval").glob("vllm-*.json"))
     assert len(cached) == 1
     done = subprocess.run(
-        [sys.executable, "-m", "eyas", "eval", str(root / "run.yaml"), "--engine", "vllm", "--draft", str(root / "draft")],
-        capture_output=True, text=True, env=subprocess_env(), timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "eyas",
+            "eval",
+            str(root / "run.yaml"),
+            "--engine",
+            "vllm",
+            "--draft",
+            str(root / "draft"),
+        ],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "vLLM τ" in done.stderr and ": agree" in done.stderr
@@ -90,7 +117,10 @@ def test_with_the_target_not_loaded_here_vllm_alone_measures_tau(vllm_run, tmp_p
     )
     done = subprocess.run(
         [sys.executable, "-m", "eyas", "eval", str(tmp_path / "run.yaml"), "--draft", str(root / "draft"), "-q"],
-        capture_output=True, text=True, env=subprocess_env(), timeout=900,
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=900,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((eval_dir / "report.json").read_text())
@@ -146,7 +176,9 @@ def test_the_export_readme_serve_command_runs_as_written(tmp_path, overfit, mode
     # As written, with `python` being the interpreter that has vLLM, on a free loopback port.
     shell = f"{command} --host 127.0.0.1 --port {port}"
     env = {**os.environ, "PATH": f"{os.path.dirname(python)}:{os.environ['PATH']}", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    server = subprocess.Popen(shell, shell=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    server = subprocess.Popen(
+        shell, shell=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 600
@@ -159,8 +191,15 @@ def test_the_export_readme_serve_command_runs_as_written(tmp_path, overfit, mode
                 assert time.monotonic() < deadline, "the server did not come up in 10 minutes"
                 time.sleep(2)
         # ignore_eos (a vLLM extension): 16 tokens, so there are rounds to draft in whatever the answer.
-        body = json.dumps({"model": _served_model(base), "prompt": "The capital of France is", "max_tokens": 16,
-                           "temperature": 0, "ignore_eos": True})
+        body = json.dumps(
+            {
+                "model": _served_model(base),
+                "prompt": "The capital of France is",
+                "max_tokens": 16,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+        )
         request = urllib.request.Request(f"{base}/v1/completions", body.encode(), {"Content-Type": "application/json"})
         answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
         assert answer["usage"]["completion_tokens"] == 16

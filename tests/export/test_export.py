@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 import eyas.export
 from eyas.config import ConfigError
 from eyas.drafter.model import Eagle3Drafter
+from eyas.stage import StageError
 from tests.train.conftest import load_tiny, subprocess_env, write_config
 from tests.train.helpers import small_drafter
 
@@ -33,16 +34,41 @@ MIDLAYER = [
 SGLANG_KEYS = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {f"midlayer.{k}" for k in MIDLAYER}
 SPECULATORS_KEYS = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {f"layers.0.{k}" for k in MIDLAYER}
 LLAMA_CONFIG_KEYS = {
-    "model_type", "num_hidden_layers", "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "rope_theta", "rope_scaling",
-    "max_position_embeddings", "tie_word_embeddings", "attention_bias", "mlp_bias", "torch_dtype",
+    "model_type",
+    "num_hidden_layers",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "max_position_embeddings",
+    "tie_word_embeddings",
+    "attention_bias",
+    "mlp_bias",
+    "torch_dtype",
 }
 SGLANG_CONFIG_KEYS = LLAMA_CONFIG_KEYS | {
-    "architectures", "draft_vocab_size", "target_hidden_size", "eagle_config", "eagle_aux_hidden_state_layer_ids",
+    "architectures",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "eagle_config",
+    "eagle_aux_hidden_state_layer_ids",
 }
 SPECULATORS_CONFIG_KEYS = {
-    "architectures", "speculators_model_type", "transformer_layer_config", "draft_vocab_size", "norm_before_residual",
-    "target_hidden_size", "eagle_aux_hidden_state_layer_ids", "speculators_config", "torch_dtype",
+    "architectures",
+    "speculators_model_type",
+    "transformer_layer_config",
+    "draft_vocab_size",
+    "norm_before_residual",
+    "target_hidden_size",
+    "eagle_aux_hidden_state_layer_ids",
+    "speculators_config",
+    "torch_dtype",
 }
 
 
@@ -117,26 +143,38 @@ def test_exported_weights_follow_the_umask(trained_run):
 
 
 def test_export_before_training_names_the_missing_directory(tmp_path):
-    with pytest.raises(ConfigError, match="train/final"):
+    with pytest.raises(StageError, match="train/final"):
         eyas.export.run(load_tiny(tmp_path / "run"))
 
 
 def test_cli_export_and_bad_format(trained_run):
     run_dir, _ = trained_run
     config = write_config(run_dir)
-    done = subprocess.run([sys.executable, "-m", "eyas", "export", str(config), "--format", "vllm"],
-                          capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "eyas", "export", str(config), "--format", "vllm"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert (run_dir / "export" / "vllm" / "model.safetensors").is_file()
-    bad = subprocess.run([sys.executable, "-m", "eyas", "export", str(config), "--format", "onnx"],
-                         capture_output=True, text=True, env=subprocess_env(), timeout=300)
+    bad = subprocess.run(
+        [sys.executable, "-m", "eyas", "export", str(config), "--format", "onnx"],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=300,
+    )
     assert bad.returncode == 2 and "--format" in bad.stdout + bad.stderr
 
 
 def test_speculators_readme_serves_the_directory(trained_run, tmp_path):
     run_dir, _ = trained_run
     out = eyas.export.run(load_tiny(run_dir), "speculators")
-    assert f"vllm.entrypoints.openai.api_server --model {out.resolve()} --dtype float32" in (out / "README.md").read_text()
+    assert (
+        f"vllm.entrypoints.openai.api_server --model {out.resolve()} --dtype float32" in (out / "README.md").read_text()
+    )
 
 
 def test_export_is_in_the_targets_dtype(trained_run, model, tmp_path):
@@ -212,6 +250,8 @@ def test_original_eagle3_release_layout_loads(trained_run, model, tmp_path):
 
 def test_export_refuses_layers_a_server_cannot_capture(trained_run):
     run_dir, _ = trained_run
-    _rewrite_config(run_dir / "train" / "final", lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 14, 29]))
+    _rewrite_config(
+        run_dir / "train" / "final", lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 14, 29])
+    )
     with pytest.raises(ConfigError, match=r"0\.\.28 for a 30-layer target"):
         eyas.export.run(load_tiny(run_dir), "vllm")

@@ -33,7 +33,9 @@ def test_offline_extraction_stores_the_documented_layers_for_every_train_sample(
     assert index["hf_hidden_state_indices"] == [i + 1 for i in layers]
     assert len(hidden) == len(train) == 6 and len(index["shards"]) > 1
     assert sorted(p.name for p in paths.hidden_dir.iterdir()) == sorted(
-        ["index.json"] + [s["file"] for s in index["shards"]] + [s["file"].replace(".safetensors", ".json") for s in index["shards"]]
+        ["index.json"]
+        + [s["file"] for s in index["shards"]]
+        + [s["file"].replace(".safetensors", ".json") for s in index["shards"]]
     )
     assert [i for r in hidden.shard_ranges() for i in r] == list(range(6))
     # Shards are as readable as their JSON sidecars (safetensors alone writes 0600).
@@ -47,7 +49,9 @@ def test_offline_extraction_stores_the_documented_layers_for_every_train_sample(
         assert sample.aux.dtype == sample.final.dtype == torch.bfloat16
         ref = reference_states(model, row["input_ids"])
         for k, layer in enumerate(layers):
-            torch.testing.assert_close(sample.aux[:, k * h : (k + 1) * h], ref[layer + 1][0].bfloat16(), atol=0.05, rtol=0.02)
+            torch.testing.assert_close(
+                sample.aux[:, k * h : (k + 1) * h], ref[layer + 1][0].bfloat16(), atol=0.05, rtol=0.02
+            )
         torch.testing.assert_close(sample.final, ref[-1][0].bfloat16(), atol=0.05, rtol=0.02)
     assert index["num_tokens"] == sum(len(r["input_ids"]) for r in train)
     assert index["bytes"] == sum((paths.hidden_dir / s["file"]).stat().st_size for s in index["shards"])
@@ -104,7 +108,14 @@ def test_older_fp8_shards_with_a_final_scale_still_read(tmp_path):
             buffer.tensors["final"], buffer.tensors["final_scale"] = storage.quantize(final, 1)
         sidecar = storage.write_shard(tmp_path, shard, buffer, {"sample_start": 2 * shard}, time.monotonic())
         shards.append({k: sidecar[k] for k in ("file", "samples", "tokens", "bytes", "sha256", "sample_start")})
-    index = {"format": storage.FORMAT, "dtype": "fp8", "aux_layers": [1, 14, 26], "hidden_size": h, "num_samples": 4, "shards": shards}
+    index = {
+        "format": storage.FORMAT,
+        "dtype": "fp8",
+        "aux_layers": [1, 14, 26],
+        "hidden_size": h,
+        "num_samples": 4,
+        "shards": shards,
+    }
     storage.write_json_atomic(storage.index_path(tmp_path), index)
     hidden = HiddenStates(tmp_path)
     assert hidden.verify() == [] and len(hidden) == 4
@@ -125,7 +136,9 @@ def test_older_fp8_shards_with_a_final_scale_still_read(tmp_path):
 def test_packed_batches_equal_padded_ones(model, extract_rows):
     samples = [r["input_ids"] for r in extract_rows[:3]]
     layers = default_aux_layers(num_decoder_layers(model))
-    for (pa, pf), (qa, qf) in zip(forward(model, samples, layers, packed=True), forward(model, samples, layers, packed=False)):
+    for (pa, pf), (qa, qf) in zip(
+        forward(model, samples, layers, packed=True), forward(model, samples, layers, packed=False)
+    ):
         torch.testing.assert_close(pa, qa, atol=1e-3, rtol=1e-3)
         torch.testing.assert_close(pf, qf, atol=1e-3, rtol=1e-3)
 
@@ -168,11 +181,22 @@ def test_reader_errors_are_clear(tmp_path):
 def test_non_finite_states_stop_the_run_naming_the_sample(merged_run, tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tiny = LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=7, num_attention_heads=4, num_key_value_heads=2, vocab_size=49152))
+    tiny = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=7,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=49152,
+        )
+    )
     with torch.no_grad():
         tiny.model.layers[3].mlp.down_proj.weight[0, 0] = float("nan")
     tiny.save_pretrained(tmp_path / "broken")
-    config = merged_run.model_copy(update={"target": merged_run.target.model_copy(update={"model": str(tmp_path / "broken")})})
+    config = merged_run.model_copy(
+        update={"target": merged_run.target.model_copy(update={"model": str(tmp_path / "broken")})}
+    )
     with pytest.raises(StageError, match=r"sample chat/p\d+ \(train row 0\) has NaN/Inf hidden states"):
         extract.run(config, quiet=True)
     assert not list(RunPaths.of(config).hidden_dir.glob("shard-*"))

@@ -68,7 +68,10 @@ def test_torchrun_ranks_write_their_own_shards(merged_run, tmp_path):
     torchrun = Path(sys.executable).with_name("torchrun")
     subprocess.run(
         [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "eyas", "extract", str(config), "-q"],
-        env=env(), cwd=ROOT, check=True, timeout=300,
+        env=env(),
+        cwd=ROOT,
+        check=True,
+        timeout=300,
     )
     hidden = RunPaths.of(merged_run).hidden_dir
     ranks = [json.loads((hidden / f"shard-{s:05d}.json").read_text())["rank"] for s in range(6)]

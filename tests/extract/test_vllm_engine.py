@@ -37,13 +37,17 @@ def test_vllm_captures_the_transformers_states_in_float32(merged_run, model, ext
     samples = [r["input_ids"] for r in extract_rows[:4]]
     layers = default_aux_layers(num_decoder_layers(model))
     config = with_extract(merged_run, engine="vllm")
-    with VllmPrefill(config, layers, num_decoder_layers(model), max(map(len, samples)), tmp_path / "staging", tmp_path / "vllm.log") as vllm:
+    with VllmPrefill(
+        config, layers, num_decoder_layers(model), max(map(len, samples)), tmp_path / "staging", tmp_path / "vllm.log"
+    ) as vllm:
         got = vllm.capture(samples)
     assert not list(tmp_path.glob("staging*")), "the per-sample files are read and removed"
     want = TransformersPrefill(model, layers, "padded").capture(samples)
     h = model.config.hidden_size
     for (aux, final), (ref_aux, ref_final) in zip(got, want):
-        assert aux.dtype == final.dtype == torch.float32 and aux.shape == ref_aux.shape and final.shape == ref_final.shape
+        assert (
+            aux.dtype == final.dtype == torch.float32 and aux.shape == ref_aux.shape and final.shape == ref_final.shape
+        )
         for k in range(3):
             ref = ref_aux[:, k * h : (k + 1) * h]
             # Measured: at most 7e-7 of the layer's largest magnitude (4e-6 for the final state).
@@ -53,7 +57,9 @@ def test_vllm_captures_the_transformers_states_in_float32(merged_run, model, ext
 
 def test_killed_vllm_extract_resumes_and_trains_like_transformers_shards(merged_run, tmp_path):
     vllm_or_skip()
-    transformers_run = with_extract(merged_run.model_copy(update={"run_dir": str(tmp_path / "reference")}), shard_tokens=1)
+    transformers_run = with_extract(
+        merged_run.model_copy(update={"run_dir": str(tmp_path / "reference")}), shard_tokens=1
+    )
     shutil.copytree(RunPaths.of(merged_run).merge_dir, RunPaths.of(transformers_run).merge_dir)
     reference = eyas.extract.run(transformers_run, quiet=True)
 

@@ -34,18 +34,30 @@ COMPLETION_PRICE = 4e-6
 def endpoints_listing(model: str) -> dict:
     def ep(name, tag, quant, prompt, completion, p50):
         return {
-            "name": f"{name} | {model}", "provider_name": name, "tag": tag, "quantization": quant,
-            "context_length": 262144, "max_completion_tokens": 65536, "status": 0, "uptime_last_30m": 99.5,
+            "name": f"{name} | {model}",
+            "provider_name": name,
+            "tag": tag,
+            "quantization": quant,
+            "context_length": 262144,
+            "max_completion_tokens": 65536,
+            "status": 0,
+            "uptime_last_30m": 99.5,
             "throughput_last_30m": {"p50": p50, "p90": p50 * 1.5},
             "pricing": {"prompt": f"{prompt:.10f}", "completion": f"{completion:.10f}", "request": "0"},
         }
 
-    return {"data": {"id": model, "name": model, "endpoints": [
-        ep("FakeAI", "fakeai", "int4", 1e-6, 4e-6, 40.0),
-        ep("Cheapo", "cheapo/fp4", "fp4", 0.3e-6, 1e-6, 90.0),
-        ep("Precise", "precise", "fp8", 1.2e-6, 5e-6, 30.0),
-        ep("Mystery", "mystery", "unknown", 0.5e-6, 2e-6, 60.0),
-    ]}}
+    return {
+        "data": {
+            "id": model,
+            "name": model,
+            "endpoints": [
+                ep("FakeAI", "fakeai", "int4", 1e-6, 4e-6, 40.0),
+                ep("Cheapo", "cheapo/fp4", "fp4", 0.3e-6, 1e-6, 90.0),
+                ep("Precise", "precise", "fp8", 1.2e-6, 5e-6, 30.0),
+                ep("Mystery", "mystery", "unknown", 0.5e-6, 2e-6, 60.0),
+            ],
+        }
+    }
 
 
 @dataclass
@@ -101,16 +113,22 @@ class FakeOpenAI:
         if self.credits_usd is not None and self.charged >= self.credits_usd:
             return self._error(402, "Insufficient credits. Add more using https://openrouter.ai/credits")
         if "ctx" in directives:
-            return self._error(400, "This endpoint's maximum context length is 10 tokens", error_type="context_length_exceeded")
+            return self._error(
+                400, "This endpoint's maximum context length is 10 tokens", error_type="context_length_exceeded"
+            )
         if "always500" in directives:
             return self._error(500, "internal error")
         if "reset" in failing:
             request.transport.abort()
             return web.Response()
         if "429" in failing:
-            return self._error(429, "rate limited upstream", {"Retry-After": self.retry_after}, error_type="rate_limit_exceeded")
+            return self._error(
+                429, "rate limited upstream", {"Retry-After": self.retry_after}, error_type="rate_limit_exceeded"
+            )
         if "inflight" in failing:
-            return self._error(402, "in_flight_budget_exhausted: too many requests in flight", {"Retry-After": self.retry_after})
+            return self._error(
+                402, "in_flight_budget_exhausted: too many requests in flight", {"Retry-After": self.retry_after}
+            )
         for status in ("500", "502", "503"):
             if status in failing:
                 return self._error(int(status), "provider unavailable")
@@ -119,7 +137,18 @@ class FakeOpenAI:
         if "malformed" in failing:
             return web.Response(body=b'{"choices": [{"message": ', content_type="application/json")
         if "err200" in failing:
-            return web.json_response({"id": "gen-x", "choices": [{"finish_reason": "error", "error": {"code": 502, "message": "provider died"}, "message": {"content": "partial"}}]})
+            return web.json_response(
+                {
+                    "id": "gen-x",
+                    "choices": [
+                        {
+                            "finish_reason": "error",
+                            "error": {"code": 502, "message": "provider died"},
+                            "message": {"content": "partial"},
+                        }
+                    ],
+                }
+            )
         if "toperr" in failing:
             return web.json_response({"error": {"code": 503, "message": "no provider available"}})
         content = f"answer to: {prompt}" + (" long" * 120_000 if "huge" in directives else "")
@@ -128,16 +157,27 @@ class FakeOpenAI:
         completion_tokens = min(len(content.split()) + 3, body.get("max_tokens") or 10**9)
         cost = prompt_tokens * PROMPT_PRICE + completion_tokens * COMPLETION_PRICE
         usage = {
-            "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens_details": {"reasoning_tokens": 3}, "cost": cost,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "completion_tokens_details": {"reasoning_tokens": 3},
+            "cost": cost,
         }
         gen_id = f"gen-{len(self.bodies)}-{attempt}"
         if body.get("stream"):
             return await self._stream(request, gen_id, content, finish, usage, "midstream" in failing, prompt, cost)
         self._charge(prompt, cost)
         answer = {
-            "id": gen_id, "provider": "FakeAI", "model": body.get("model"),
-            "choices": [{"index": 0, "finish_reason": finish, "message": {"role": "assistant", "content": content, "reasoning": "let me think"}}],
+            "id": gen_id,
+            "provider": "FakeAI",
+            "model": body.get("model"),
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": finish,
+                    "message": {"role": "assistant", "content": content, "reasoning": "let me think"},
+                }
+            ],
             "usage": usage,
         }
         if "noid" in directives:
@@ -156,7 +196,11 @@ class FakeOpenAI:
             await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
 
         def chunk(delta, finish_reason=None):
-            return {"id": gen_id, "provider": "FakeAI", "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+            return {
+                "id": gen_id,
+                "provider": "FakeAI",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+            }
 
         for _ in range(self.keepalives):
             await asyncio.sleep(self.latency_s / self.keepalives)
@@ -169,7 +213,13 @@ class FakeOpenAI:
         for i, word in enumerate(words):
             await send(chunk({"content": word if i == 0 else " " + word}))
             if fail_midway and i == 1:
-                await send({"id": gen_id, "error": {"code": 502, "message": "provider disconnected"}, "choices": [{"index": 0, "delta": {}, "finish_reason": "error"}]})
+                await send(
+                    {
+                        "id": gen_id,
+                        "error": {"code": 502, "message": "provider disconnected"},
+                        "choices": [{"index": 0, "delta": {}, "finish_reason": "error"}],
+                    }
+                )
                 await resp.write_eof()
                 return resp
             if i == 0:

@@ -63,10 +63,16 @@ def _endpoints():
 
 
 def test_policy_and_request_provider_object_come_from_one_place():
-    g = GenerateConfig.model_validate({
-        "provider": {"order": ["fakeai"], "ignore": ["mystery"]},
-        "provider_policy": {"quantizations": ["int4", "fp8", "bf16"], "unknown_quantization": "deny", "ignore": ["precise"]},
-    })
+    g = GenerateConfig.model_validate(
+        {
+            "provider": {"order": ["fakeai"], "ignore": ["mystery"]},
+            "provider_policy": {
+                "quantizations": ["int4", "fp8", "bf16"],
+                "unknown_quantization": "deny",
+                "ignore": ["precise"],
+            },
+        }
+    )
     provider = provider_object(g)
     assert provider == {"order": ["fakeai"], "ignore": ["mystery", "precise"], "quantizations": ["int4", "fp8", "bf16"]}
     verdicts = {e.tag: rejection(e, provider) for e in _endpoints()}
@@ -75,7 +81,9 @@ def test_policy_and_request_provider_object_come_from_one_place():
 
 
 def test_routing_and_policy_that_allow_no_quantization_are_a_config_error():
-    g = GenerateConfig.model_validate({"provider": {"quantizations": ["fp4"]}, "provider_policy": {"quantizations": ["int4"]}})
+    g = GenerateConfig.model_validate(
+        {"provider": {"quantizations": ["fp4"]}, "provider_policy": {"quantizations": ["int4"]}}
+    )
     with pytest.raises(ConfigError, match="no level in common"):
         provider_object(g)
 
@@ -101,13 +109,21 @@ def test_reference_plan_scales_six_10m_targets_to_fit_100_dollars():
     assert per.requests == 3847
     assert per.cost_usd == pytest.approx(22.0 + 3847 * 500 * 0.6e-6)
     assert 6_900_000 <= per.proposed_target <= 7_300_000
-    refit = make_plan([DatasetInputs(d.name, d.prompts, d.mean_prompt_tokens, d.mean_output_tokens, True, p.proposed_target)
-                       for d, p in zip(inputs, plan.datasets)], pricing, 100.0)
+    refit = make_plan(
+        [
+            DatasetInputs(d.name, d.prompts, d.mean_prompt_tokens, d.mean_output_tokens, True, p.proposed_target)
+            for d, p in zip(inputs, plan.datasets)
+        ],
+        pricing,
+        100.0,
+    )
     assert not refit.over_budget and refit.cost_usd > 99.0
 
 
 def test_plan_without_target_uses_every_prompt_and_fits():
-    plan = make_plan([DatasetInputs("a", 100, 50.0, 200.0, False, None)], Pricing.per_million(1.0, 2.0), budget_usd=10.0)
+    plan = make_plan(
+        [DatasetInputs("a", 100, 50.0, 200.0, False, None)], Pricing.per_million(1.0, 2.0), budget_usd=10.0
+    )
     assert (plan.datasets[0].output_tokens, plan.datasets[0].requests) == (20_000, 100)
     assert plan.cost_usd == pytest.approx(0.04 + 0.005)
     assert not plan.over_budget and plan.datasets[0].proposed_target is None

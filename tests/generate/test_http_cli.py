@@ -23,8 +23,16 @@ EYAS = [sys.executable, "-m", "eyas"]
 
 def write_config(tmp_path: Path, base_url: str, prompts: list[str], **generate) -> Path:
     write_jsonl(tmp_path / "prompts.jsonl", [{"id": f"p{i}", "prompt": p} for i, p in enumerate(prompts)])
-    g = {"backend": "openai", "base_url": base_url, "model": "fake/model", "concurrency": 4, "max_tokens": 64,
-         "retry_base_s": 0.005, "retry_max_s": 0.02, **generate}
+    g = {
+        "backend": "openai",
+        "base_url": base_url,
+        "model": "fake/model",
+        "concurrency": 4,
+        "max_tokens": 64,
+        "retry_base_s": 0.005,
+        "retry_max_s": 0.02,
+        **generate,
+    }
     config = {"run_dir": "run", "datasets": [{"name": "ds", "source": "prompts.jsonl"}], "generate": g}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -46,7 +54,9 @@ def test_sigkill_mid_run_then_resume_gives_exactly_one_record_per_prompt(tmp_pat
     fake = FakeOpenAI(latency_s=0.15)
     with FakeServer(fake) as server:
         config = write_config(tmp_path, server.base_url, prompts, budget_usd=5.0)
-        proc = subprocess.Popen([*EYAS, "generate", str(config), "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [*EYAS, "generate", str(config), "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         out = tmp_path / "run" / "generate" / "ds.jsonl"
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (not out.exists() or out.read_text().count("\n") < 12):
@@ -87,13 +97,24 @@ def test_credits_exhausted_exits_3_and_resumes(tmp_path):
 def test_budget_reached_exits_4_and_bad_key_exits_5(tmp_path):
     fake = FakeOpenAI(api_key="sk-right")
     with FakeServer(fake) as server:
-        config = write_config(tmp_path, server.base_url, [f"q{i}" for i in range(20)], budget_usd=0.0004,
-                              provider_policy={"quantizations": ["int4"]})
+        config = write_config(
+            tmp_path,
+            server.base_url,
+            [f"q{i}" for i in range(20)],
+            budget_usd=0.0004,
+            provider_policy={"quantizations": ["int4"]},
+        )
         assert eyas("generate", config, "-q", env={**os.environ}).returncode == 5  # no key sent: 401
         (tmp_path / "run").rename(tmp_path / "run-401")
         (tmp_path / "key").write_text("sk-right\n")
-        config = write_config(tmp_path, server.base_url, [f"q{i}" for i in range(20)], budget_usd=0.0004,
-                              provider_policy={"quantizations": ["int4"]}, api_key_file=str(tmp_path / "key"))
+        config = write_config(
+            tmp_path,
+            server.base_url,
+            [f"q{i}" for i in range(20)],
+            budget_usd=0.0004,
+            provider_policy={"quantizations": ["int4"]},
+            api_key_file=str(tmp_path / "key"),
+        )
         run = eyas("generate", config, "-q")
     assert run.returncode == 4, run.stderr
     assert "budget reached" in run.stderr and "sk-right" not in run.stderr
@@ -111,13 +132,24 @@ def test_bad_config_names_the_key(tmp_path):
 def test_providers_lists_endpoints_with_the_policy_verdict(tmp_path):
     fake = FakeOpenAI()
     with FakeServer(fake) as server:
-        config = write_config(tmp_path, server.base_url, ["q"], provider_policy={"quantizations": ["int4", "fp8"], "ignore": ["precise"]})
+        config = write_config(
+            tmp_path, server.base_url, ["q"], provider_policy={"quantizations": ["int4", "fp8"], "ignore": ["precise"]}
+        )
         table = eyas("providers", "moonshotai/kimi-k2.5", "--config", config, env={**os.environ, "COLUMNS": "200"})
         as_json = eyas("providers", "moonshotai/kimi-k2.5", "--json", "--base-url", server.base_url)
         missing = eyas("providers", "nobody/nothing", "--base-url", server.base_url)
     assert table.returncode == 0, table.stderr
     text = table.stderr
-    for expected in ("4 endpoints, 1 allowed", "FakeAI", "int4", "1.000", "4.000", "allowed", "excluded: quantization fp4", "excluded: ignored"):
+    for expected in (
+        "4 endpoints, 1 allowed",
+        "FakeAI",
+        "int4",
+        "1.000",
+        "4.000",
+        "allowed",
+        "excluded: quantization fp4",
+        "excluded: ignored",
+    ):
         assert expected in text
     listed = {e["tag"]: e for e in json.loads(as_json.stdout)}
     assert set(listed) == {"fakeai", "cheapo/fp4", "precise", "mystery"}
@@ -128,8 +160,14 @@ def test_providers_lists_endpoints_with_the_policy_verdict(tmp_path):
 def test_plan_projects_cost_and_applies_targets_that_fit(tmp_path):
     fake = FakeOpenAI()
     with FakeServer(fake) as server:
-        config = write_config(tmp_path, server.base_url, [f"plan question {i}" for i in range(100)], budget_usd=0.01,
-                              max_tokens=1000, provider_policy={"quantizations": ["int4"]})
+        config = write_config(
+            tmp_path,
+            server.base_url,
+            [f"plan question {i}" for i in range(100)],
+            budget_usd=0.01,
+            max_tokens=1000,
+            provider_policy={"quantizations": ["int4"]},
+        )
         data = yaml.safe_load(config.read_text())
         data["datasets"][0]["output_token_target"] = 50_000
         config.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -151,8 +189,14 @@ def test_plan_uses_what_earlier_runs_measured_and_spent(tmp_path):
 
     fake = FakeOpenAI()
     with FakeServer(fake) as server:
-        config = write_config(tmp_path, server.base_url, [f"measured question {i}" for i in range(20)], budget_usd=1.0,
-                              max_tokens=1000, prices={"prompt": 1.0, "completion": 4.0})
+        config = write_config(
+            tmp_path,
+            server.base_url,
+            [f"measured question {i}" for i in range(20)],
+            budget_usd=1.0,
+            max_tokens=1000,
+            prices={"prompt": 1.0, "completion": 4.0},
+        )
         generate.run(load_config(config), quiet=True)
         result = eyas("plan", config, env={**os.environ, "COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
@@ -169,7 +213,9 @@ def test_ctrl_c_saves_finished_work_and_the_rerun_completes(tmp_path):
     fake = FakeOpenAI(latency_s=0.15)
     with FakeServer(fake) as server:
         config = write_config(tmp_path, server.base_url, prompts)
-        proc = subprocess.Popen([*EYAS, "generate", str(config), "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [*EYAS, "generate", str(config), "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(records(tmp_path)) < 6:
             time.sleep(0.02)

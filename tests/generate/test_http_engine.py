@@ -20,14 +20,36 @@ from eyas.stage import StageError
 from tests.conftest import write_jsonl
 from tests.generate.fake_openai import FakeOpenAI, FakeServer
 
-FAILURES = ["[[429x2]] a", "[[500]] b", "[[502]] b2", "[[503]] b3", "[[reset]] c", "[[err200]] d", "[[toperr]] e",
-            "[[empty]] f", "[[malformed]] g", "[[inflight]] h", "[[length]] i", "[[ctx]] j", "[[always500]] k", "[[midstream]] l"]
+FAILURES = [
+    "[[429x2]] a",
+    "[[500]] b",
+    "[[502]] b2",
+    "[[503]] b3",
+    "[[reset]] c",
+    "[[err200]] d",
+    "[[toperr]] e",
+    "[[empty]] f",
+    "[[malformed]] g",
+    "[[inflight]] h",
+    "[[length]] i",
+    "[[ctx]] j",
+    "[[always500]] k",
+    "[[midstream]] l",
+]
 
 
 def make_config(tmp_path, base_url, prompts, **generate_overrides):
     source = write_jsonl(tmp_path / "prompts.jsonl", [{"id": f"p{i}", "prompt": p} for i, p in enumerate(prompts)])
-    g = {"backend": "openai", "base_url": base_url, "model": "fake/model", "concurrency": 4, "max_attempts": 3,
-         "retry_base_s": 0.005, "retry_max_s": 0.02, "max_tokens": 64}
+    g = {
+        "backend": "openai",
+        "base_url": base_url,
+        "model": "fake/model",
+        "concurrency": 4,
+        "max_attempts": 3,
+        "retry_base_s": 0.005,
+        "retry_max_s": 0.02,
+        "max_tokens": 64,
+    }
     g.update(generate_overrides)
     datasets = generate_overrides.pop("datasets", None) or [{"name": "ds", "source": str(source)}]
     g.pop("datasets", None)
@@ -50,17 +72,27 @@ def test_every_failure_ends_in_one_record_or_one_error_line(tmp_path, stream):
     prompts = ["plain one", "plain two", *FAILURES, "[[huge]] m", "[[noid]] n"]
     fake = FakeOpenAI(latency_s=0.01, keepalives=3)
     with FakeServer(fake) as server:
-        config = make_config(tmp_path, server.base_url, prompts, stream=stream,
-                             reasoning={"effort": "high"}, extra_body={"chat_template_kwargs": {"thinking": True}},
-                             provider_policy={"quantizations": ["int4", "fp8"]})
+        config = make_config(
+            tmp_path,
+            server.base_url,
+            prompts,
+            stream=stream,
+            reasoning={"effort": "high"},
+            extra_body={"chat_template_kwargs": {"thinking": True}},
+            provider_policy={"quantizations": ["int4", "fp8"]},
+        )
         generate.run(config, quiet=True)
         run = tmp_path / "run" / "generate"
         records = lines(run / "ds.jsonl")
         errors = lines(run / "ds.errors.jsonl")
-        assert sorted(r["prompt_id"] for r in records) == sorted(f"p{i}" for i, p in enumerate(prompts) if "ctx" not in p and "always500" not in p)
+        assert sorted(r["prompt_id"] for r in records) == sorted(
+            f"p{i}" for i, p in enumerate(prompts) if "ctx" not in p and "always500" not in p
+        )
         check_exactly_once(records, fake)
         by_prompt = {r["messages"][-1]["content"]: r for r in records}
-        assert len(by_prompt.pop("[[huge]] m")["content"]) > 600_000  # one SSE line longer than aiohttp's readline allows (512 KiB)
+        assert (
+            len(by_prompt.pop("[[huge]] m")["content"]) > 600_000
+        )  # one SSE line longer than aiohttp's readline allows (512 KiB)
         for p, r in by_prompt.items():
             assert r["content"] == f"answer to: {p}"
             assert r["reasoning"] == "let me think"
@@ -69,8 +101,10 @@ def test_every_failure_ends_in_one_record_or_one_error_line(tmp_path, stream):
         assert by_prompt["[[429x2]] a"]["attempts"] == 3
         assert by_prompt["plain one"]["attempts"] == 1
         assert by_prompt["[[length]] i"]["finish_reason"] == "length"
-        assert [(e["prompt_id"], e["cause"], e["status"], e["attempts"]) for e in sorted(errors, key=lambda e: e["prompt_id"])] == [
-            ("p13", "prompt", 400, 1), ("p14", "server", 500, 3)]
+        assert [
+            (e["prompt_id"], e["cause"], e["status"], e["attempts"])
+            for e in sorted(errors, key=lambda e: e["prompt_id"])
+        ] == [("p13", "prompt", 400, 1), ("p14", "server", 500, 3)]
         assert "maximum context length" in errors[0]["message"] + errors[1]["message"]
 
         body = fake.bodies[0]
@@ -96,7 +130,9 @@ def test_budget_caps_spend_and_a_bigger_budget_resumes(tmp_path):
     with FakeServer(fake) as server:
         # Prices come from the endpoints listing, over the endpoints the policy allows (FakeAI: $1/$4 per M).
         policy = {"quantizations": ["int4"]}
-        config = make_config(tmp_path, server.base_url, prompts, budget_usd=0.0008, provider_policy=policy, max_tokens=100)
+        config = make_config(
+            tmp_path, server.base_url, prompts, budget_usd=0.0008, provider_policy=policy, max_tokens=100
+        )
         with pytest.raises(BudgetReached):
             generate.run(config, quiet=True)
         records = lines(tmp_path / "run" / "generate" / "ds.jsonl")
@@ -106,7 +142,10 @@ def test_budget_caps_spend_and_a_bigger_budget_resumes(tmp_path):
         assert ledger.spent == pytest.approx(fake.charged)
         check_exactly_once(records, fake)
 
-        generate.run(make_config(tmp_path, server.base_url, prompts, budget_usd=1.0, provider_policy=policy, max_tokens=100), quiet=True)
+        generate.run(
+            make_config(tmp_path, server.base_url, prompts, budget_usd=1.0, provider_policy=policy, max_tokens=100),
+            quiet=True,
+        )
         records = lines(tmp_path / "run" / "generate" / "ds.jsonl")
         assert len(records) == 30
         check_exactly_once(records, fake)
@@ -146,15 +185,21 @@ def test_output_token_target_stops_launching(tmp_path):
 
 
 def test_multi_turn_conversations_use_the_models_own_earlier_answers(tmp_path):
-    conv = {"id": "c", "messages": [
-        {"role": "user", "content": "first"}, {"role": "assistant", "content": "old answer"},
-        {"role": "user", "content": "second"}, {"role": "assistant", "content": "old answer 2"},
-    ]}
+    conv = {
+        "id": "c",
+        "messages": [
+            {"role": "user", "content": "first"},
+            {"role": "assistant", "content": "old answer"},
+            {"role": "user", "content": "second"},
+            {"role": "assistant", "content": "old answer 2"},
+        ],
+    }
     source = write_jsonl(tmp_path / "conv.jsonl", [conv])
     fake = FakeOpenAI()
     with FakeServer(fake) as server:
-        config = make_config(tmp_path, server.base_url, ["unused"],
-                             datasets=[{"name": "mt", "source": str(source), "multi_turn": "all"}])
+        config = make_config(
+            tmp_path, server.base_url, ["unused"], datasets=[{"name": "mt", "source": str(source), "multi_turn": "all"}]
+        )
         generate.run(config, quiet=True)
     records = {r["prompt_id"]: r for r in lines(tmp_path / "run" / "generate" / "mt.jsonl")}
     assert set(records) == {"c#0", "c#1"}
@@ -183,7 +228,9 @@ def test_a_rejected_key_fails_fast_without_printing_it(tmp_path, monkeypatch, ca
     monkeypatch.setenv("FAKE_KEY", "sk-secret-123")
     fake = FakeOpenAI(api_key="sk-other")
     with FakeServer(fake) as server:
-        config = make_config(tmp_path, server.base_url, [f"q{i}" for i in range(10)], api_key_env="FAKE_KEY", max_attempts=8)
+        config = make_config(
+            tmp_path, server.base_url, [f"q{i}" for i in range(10)], api_key_env="FAKE_KEY", max_attempts=8
+        )
         with pytest.raises(RequestRejected) as e:
             generate.run(config, quiet=True)
     assert "401" in str(e.value) and "sk-secret-123" not in str(e.value)
@@ -208,7 +255,6 @@ def test_keepalives_hold_a_slow_stream_open_while_silence_times_out(tmp_path):
 def test_a_second_run_on_the_same_run_dir_is_refused(tmp_path):
     import fcntl
 
-
     config = make_config(tmp_path, "http://127.0.0.1:9/v1", ["q"])
     lock = tmp_path / "run" / "generate" / ".lock"
     lock.parent.mkdir(parents=True)
@@ -224,8 +270,13 @@ def test_a_dataset_waiting_on_its_target_does_not_hold_up_the_next(tmp_path):
     fake = FakeOpenAI(latency_s=0.6)
     with FakeServer(fake) as server:
         # One request in flight may reach a's target (1 token): a waits for it, b goes ahead meanwhile.
-        config = make_config(tmp_path, server.base_url, ["unused"], concurrency=2, datasets=[
-            {"name": "a", "source": str(a), "output_token_target": 1}, {"name": "b", "source": str(b)}])
+        config = make_config(
+            tmp_path,
+            server.base_url,
+            ["unused"],
+            concurrency=2,
+            datasets=[{"name": "a", "source": str(a), "output_token_target": 1}, {"name": "b", "source": str(b)}],
+        )
         generate.run(config, quiet=True)
     sent = [body["messages"][-1]["content"] for body in fake.bodies]
     # Both go out at once on two connections, so either may reach the server first.
@@ -237,14 +288,30 @@ def test_a_dataset_waiting_on_its_target_does_not_hold_up_the_next(tmp_path):
 
 def test_tools_and_sampling_settings_reach_the_server(tmp_path):
     tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
-    source = write_jsonl(tmp_path / "tools.jsonl", [{"messages": [{"role": "user", "content": "what time is it"}], "tools": tools}])
+    source = write_jsonl(
+        tmp_path / "tools.jsonl", [{"messages": [{"role": "user", "content": "what time is it"}], "tools": tools}]
+    )
     fake = FakeOpenAI()
     with FakeServer(fake) as server:
-        config = make_config(tmp_path, server.base_url, ["unused"], temperature=0.7, top_p=0.9, seed=5, stop=["###"],
-                             datasets=[{"name": "t", "source": str(source)}])
+        config = make_config(
+            tmp_path,
+            server.base_url,
+            ["unused"],
+            temperature=0.7,
+            top_p=0.9,
+            seed=5,
+            stop=["###"],
+            datasets=[{"name": "t", "source": str(source)}],
+        )
         generate.run(config, quiet=True)
     [body] = fake.bodies
     assert body["tools"] == tools
-    assert (body["temperature"], body["top_p"], body["seed"], body["stop"], body["model"]) == (0.7, 0.9, 5, ["###"], "fake/model")
+    assert (body["temperature"], body["top_p"], body["seed"], body["stop"], body["model"]) == (
+        0.7,
+        0.9,
+        5,
+        ["###"],
+        "fake/model",
+    )
     [record] = lines(tmp_path / "run" / "generate" / "t.jsonl")
     assert record["tools"] == tools and record["content"] == "answer to: what time is it"

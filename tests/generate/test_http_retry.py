@@ -24,7 +24,11 @@ from eyas.generate.http.retry import RetryPolicy, classify_status, parse_retry_a
         (504, None, Cause.SERVER),
         (402, {"error": {"message": "in_flight_budget_exhausted"}}, Cause.IN_FLIGHT_BUDGET),
         (402, {"error": {"message": "Insufficient credits"}}, Cause.CREDITS),
-        (402, {"error": {"message": "Key limit exceeded", "metadata": {"error_type": "openrouter_key_limit"}}}, Cause.CREDITS),
+        (
+            402,
+            {"error": {"message": "Key limit exceeded", "metadata": {"error_type": "openrouter_key_limit"}}},
+            Cause.CREDITS,
+        ),
         (400, {"error": {"message": "bad", "metadata": {"error_type": "context_length_exceeded"}}}, Cause.PROMPT),
         (403, {"error": {"message": "Input was flagged by moderation"}}, Cause.PROMPT),
         (400, {"error": {"message": "unknown parameter foo"}}, Cause.REJECTED),
@@ -78,18 +82,39 @@ def test_errors_inside_http_200_are_failures():
     assert _cause(b'{"choices": []}') is Cause.BAD_RESPONSE
     assert _cause(b'{"error": {"code": 503, "message": "no provider"}}') is Cause.SERVER
     assert _cause(b'{"error": {"code": 402, "message": "Insufficient credits"}}') is Cause.CREDITS
-    choice_error = {"choices": [{"finish_reason": "error", "error": {"code": 429, "message": "x"}, "message": {"content": "partial"}}]}
+    choice_error = {
+        "choices": [
+            {"finish_reason": "error", "error": {"code": 429, "message": "x"}, "message": {"content": "partial"}}
+        ]
+    }
     assert _cause(json.dumps(choice_error).encode()) is Cause.RATE_LIMITED
 
 
 def test_complete_body_becomes_a_reply():
     body = {
-        "id": "gen-1", "provider": "Moonshot",
-        "choices": [{"finish_reason": "length", "message": {"content": "hi", "reasoning_content": "hmm", "tool_calls": [{"id": "t"}]}}],
-        "usage": {"prompt_tokens": 5, "completion_tokens": 7, "completion_tokens_details": {"reasoning_tokens": 2}, "cost": 0.5},
+        "id": "gen-1",
+        "provider": "Moonshot",
+        "choices": [
+            {
+                "finish_reason": "length",
+                "message": {"content": "hi", "reasoning_content": "hmm", "tool_calls": [{"id": "t"}]},
+            }
+        ],
+        "usage": {
+            "prompt_tokens": 5,
+            "completion_tokens": 7,
+            "completion_tokens_details": {"reasoning_tokens": 2},
+            "cost": 0.5,
+        },
     }
     r = parse_body(json.dumps(body).encode())
-    assert (r.content, r.reasoning, r.finish_reason, r.provider, r.generation_id) == ("hi", "hmm", "length", "Moonshot", "gen-1")
+    assert (r.content, r.reasoning, r.finish_reason, r.provider, r.generation_id) == (
+        "hi",
+        "hmm",
+        "length",
+        "Moonshot",
+        "gen-1",
+    )
     assert r.tool_calls == [{"id": "t"}]
     assert (r.usage.prompt_tokens, r.usage.completion_tokens, r.usage.reasoning_tokens, r.usage.cost) == (5, 7, 2, 0.5)
     assert r.cost_reported
@@ -109,26 +134,58 @@ def _data(obj) -> bytes:
 
 def test_stream_skips_keepalives_and_merges_tool_calls():
     lines = [
-        b": OPENROUTER PROCESSING\n", b"\n",
+        b": OPENROUTER PROCESSING\n",
+        b"\n",
         _data({"id": "gen-2", "provider": "P", "choices": [{"delta": {"reasoning": "a"}}]}),
         b": OPENROUTER PROCESSING\n",
         _data({"choices": [{"delta": {"content": "Hel"}}]}),
-        _data({"choices": [{"delta": {"content": "lo", "tool_calls": [{"index": 0, "id": "c1", "function": {"name": "get", "arguments": "{\"a\""}}]}}]}),
-        _data({"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}, "finish_reason": "tool_calls"}]}),
+        _data(
+            {
+                "choices": [
+                    {
+                        "delta": {
+                            "content": "lo",
+                            "tool_calls": [{"index": 0, "id": "c1", "function": {"name": "get", "arguments": '{"a"'}}],
+                        }
+                    }
+                ]
+            }
+        ),
+        _data(
+            {
+                "choices": [
+                    {
+                        "delta": {"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]},
+                        "finish_reason": "tool_calls",
+                    }
+                ]
+            }
+        ),
         _data({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 4, "cost": 0.1}}),
         b"data: [DONE]\n",
     ]
     a = _feed(lines)
     assert a.done
     r = a.reply()
-    assert (r.content, r.reasoning, r.finish_reason, r.generation_id, r.provider) == ("Hello", "a", "tool_calls", "gen-2", "P")
+    assert (r.content, r.reasoning, r.finish_reason, r.generation_id, r.provider) == (
+        "Hello",
+        "a",
+        "tool_calls",
+        "gen-2",
+        "P",
+    )
     assert r.tool_calls == [{"type": "function", "id": "c1", "function": {"name": "get", "arguments": '{"a": 1}'}}]
     assert r.usage.cost == 0.1
 
 
 def test_stream_errors_mid_stream_truncation_and_bad_chunks():
     with pytest.raises(RequestFailure) as e:
-        _feed([_data({"choices": [{"delta": {"content": "x"}}]}), _data({"error": {"code": 502, "message": "gone"}, "choices": [{"finish_reason": "error"}]})])
+        _feed(
+            [
+                _data({"choices": [{"delta": {"content": "x"}}]}),
+                _data({"error": {"code": 502, "message": "gone"}, "choices": [{"finish_reason": "error"}]}),
+            ]
+        )
     assert e.value.failure.cause is Cause.SERVER
     with pytest.raises(RequestFailure) as e:
         _feed([b"data: {not json\n"])

@@ -16,7 +16,14 @@ from eyas.generate.store import read_records
 from eyas.paths import RunPaths
 from tests.conftest import ROOT, write_jsonl
 
-QUESTIONS = ["What is 2+2?", "Name a color.", "Say hello.", "What is the capital of France?", "Count to three.", "Name a fruit."]
+QUESTIONS = [
+    "What is 2+2?",
+    "Name a color.",
+    "Say hello.",
+    "What is the capital of France?",
+    "Count to three.",
+    "Name a fruit.",
+]
 
 
 def make_config(tmp_path, n=3, **generate_settings):
@@ -65,7 +72,10 @@ def test_batched_greedy_matches_one_at_a_time(tmp_path):
     b = load_config(make_config(tmp_path / "b", batch_size=1))
     generate.run(a, quiet=True)
     generate.run(b, quiet=True)
-    ids = lambda c: {r.id: r.token_ids for r in read_records(RunPaths.of(c).generations("qa"))}
+
+    def ids(c):
+        return {r.id: r.token_ids for r in read_records(RunPaths.of(c).generations("qa"))}
+
     assert ids(a) == ids(b)
 
 

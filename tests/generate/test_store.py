@@ -47,7 +47,9 @@ def prompt(pid, messages, turn=None):
 def test_writer_skips_ids_already_written_and_scan_counts(tmp_path):
     path = tmp_path / "d.jsonl"
     p = prompt("x", [{"role": "user", "content": "hi"}])
-    record = make_record(p, p.messages, content="yo", finish_reason="stop", model="m", provider="local", usage=Usage(3, 2))
+    record = make_record(
+        p, p.messages, content="yo", finish_reason="stop", model="m", provider="local", usage=Usage(3, 2)
+    )
     with RecordWriter(path, scan(path)) as w:
         w.write(record)
         w.write(record)
@@ -58,13 +60,19 @@ def test_writer_skips_ids_already_written_and_scan_counts(tmp_path):
 
 def test_later_turns_carry_the_models_own_earlier_answers(tmp_path):
     path = tmp_path / "d.jsonl"
-    convo = [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "original"}, {"role": "user", "content": "q2"}]
+    convo = [
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "original"},
+        {"role": "user", "content": "q2"},
+    ]
     turn1 = prompt("c#1", convo, turn=1)
     state = scan(path)
     assert conversation_for(turn1, state) is None
     first = prompt("c#0", convo[:1], turn=0)
     with RecordWriter(path, state) as w:
-        w.write(make_record(first, first.messages, content="regenerated", finish_reason="stop", model="m", provider="local"))
+        w.write(
+            make_record(first, first.messages, content="regenerated", finish_reason="stop", model="m", provider="local")
+        )
     assert conversation_for(turn1, scan(path))[1] == {"role": "assistant", "content": "regenerated"}
 
 

@@ -30,7 +30,11 @@ def test_merge_writes_shuffled_splits_stats_and_holds_out_by_prompt(tmp_path, co
     config, paths = make_run(tmp_path, corpus_rows, eval_count=2, shard_samples=5)
     stats = merge.run(config, quiet=True)
     train, held_out = list(iter_split(paths, "train")), list(iter_split(paths, "eval"))
-    assert [f.name for f in split_files(paths, "train")] == ["train-00000.parquet", "train-00001.parquet", "train-00002.parquet"]
+    assert [f.name for f in split_files(paths, "train")] == [
+        "train-00000.parquet",
+        "train-00001.parquet",
+        "train-00002.parquet",
+    ]
     assert set(train[0]) == set(TOKENIZED_COLUMNS)
     # Prompt "p3" in chat and math is one prompt: held out on both datasets or on neither.
     eval_prompts = {base_prompt_id(r["id"]) for r in held_out}
@@ -98,7 +102,10 @@ def test_weights_budgets_and_dropped_datasets(tmp_path, corpus_rows):
     assert 0 < math_tokens <= budget
     assert stats["datasets"]["math"]["dropped"]["token_budget"] == 8 - sum(r["dataset"] == "math" for r in rows)
 
-    datasets = [{"name": "chat", "source": "x.jsonl", "weight": 0.5}, {"name": "math", "source": "x.jsonl", "drop": True}]
+    datasets = [
+        {"name": "chat", "source": "x.jsonl", "weight": 0.5},
+        {"name": "math", "source": "x.jsonl", "drop": True},
+    ]
     config, paths = make_run(tmp_path, corpus_rows, datasets=datasets, eval_fraction=0.0)
     stats = merge.run(config, quiet=True)
     assert {r["dataset"] for r in iter_split(paths, "train")} == {"chat"}
@@ -106,7 +113,11 @@ def test_weights_budgets_and_dropped_datasets(tmp_path, corpus_rows):
 
 
 def test_bad_inputs_are_errors_that_name_the_file(tmp_path, corpus_rows):
-    config, paths = make_run(tmp_path, {"chat": corpus_rows["chat"]}, datasets=[{"name": "chat", "source": "x.jsonl"}, {"name": "gone", "source": "x.jsonl"}])
+    config, paths = make_run(
+        tmp_path,
+        {"chat": corpus_rows["chat"]},
+        datasets=[{"name": "chat", "source": "x.jsonl"}, {"name": "gone", "source": "x.jsonl"}],
+    )
     with pytest.raises(StageError, match=r"tokenize/gone\.parquet: no tokenized data"):
         merge.run(config, quiet=True)
     with pytest.raises(StageError, match="run `eyas merge CONFIG` first"):

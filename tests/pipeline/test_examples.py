@@ -35,7 +35,10 @@ def test_kimi_reference_job():
     assert c["target"]["dtype"] == "auto" and x["throughput_tokens_per_s"] > 0
     assert c["eval"]["engine"] == "vllm" and c["eval"]["in_process"] is False and c["eval"]["tensor_parallel_size"] == 8
     text = (EXAMPLES / "kimi-k2.5-openrouter.yaml").read_text()
-    assert "eyas extract examples/kimi-k2.5-openrouter.yaml" in text and "torchrun --nproc-per-node 8 -m eyas train" in text
+    assert (
+        "eyas extract examples/kimi-k2.5-openrouter.yaml" in text
+        and "torchrun --nproc-per-node 8 -m eyas train" in text
+    )
 
 
 def test_smollm2_full_run_is_local_and_offline():

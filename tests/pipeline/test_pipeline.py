@@ -52,7 +52,12 @@ def test_full_run_then_skip_then_refuse_stale(config_path):
     config = load_config(config_path)
     results = pipeline.run(config, quiet=True, verify_ids=True)
     assert [s for s, r in results.items() if r["status"] == "ran"] == [
-        "generate", "tokenize", "merge", "train", "export", "eval"
+        "generate",
+        "tokenize",
+        "merge",
+        "train",
+        "export",
+        "eval",
     ]
     assert results["extract"]["status"] == "skipped"
     run_dir = config_path.parent / "run"
@@ -69,7 +74,11 @@ def test_full_run_then_skip_then_refuse_stale(config_path):
 
     again = pipeline.run(config, quiet=True, first="tokenize", last="export")
     assert {s: r["status"] for s, r in again.items()} == {
-        "tokenize": "up to date", "merge": "up to date", "extract": "skipped", "train": "up to date", "export": "up to date"
+        "tokenize": "up to date",
+        "merge": "up to date",
+        "extract": "skipped",
+        "train": "up to date",
+        "export": "up to date",
     }
 
     # A re-tokenized corpus makes the merge stale: training must not start on it.
@@ -81,7 +90,9 @@ def test_full_run_then_skip_then_refuse_stale(config_path):
     # Another tokenizer: `eyas tokenize` would redo the ids, so `eyas run` must not skip it either.
     from eyas.target import resolve_target
 
-    other = config.model_copy(update={"target": config.target.model_copy(update={"tokenizer": resolve_target(config.target).name_or_path})})
+    other = config.model_copy(
+        update={"target": config.target.model_copy(update={"tokenizer": resolve_target(config.target).name_or_path})}
+    )
     tokenize_stage = next(s for s in pipeline.STAGES if s.name == "tokenize")
     assert pipeline.state(other, tokenize_stage, None)[0] == "stale"
     assert pipeline.run(other, quiet=True, first="tokenize", last="tokenize")["tokenize"]["status"] == "ran"

@@ -26,7 +26,10 @@ def test_every_row_format_becomes_openai_messages(tmp_path):
     by_id = {p.prompt_id: p.messages for p in prompts}
     assert by_id["m"] == rows[0]["messages"]
     assert by_id["s"] == [{"role": "user", "content": "Hello"}]  # the final assistant turn is what gets regenerated
-    assert by_id["p"] == [{"role": "system", "content": "You are funny."}, {"role": "user", "content": "Tell me a joke"}]
+    assert by_id["p"] == [
+        {"role": "system", "content": "You are funny."},
+        {"role": "user", "content": "Tell me a joke"},
+    ]
     assert by_id["i"] == [{"role": "user", "content": "Translate to French\n\ncat"}]
     assert stats.prompts == 4 and not stats.skipped
 
@@ -42,7 +45,13 @@ def test_prompt_id_is_the_rows_own_id_else_a_stable_content_hash(tmp_path):
 
 
 def test_duplicates_are_dropped_and_counted(tmp_path):
-    rows = [{"prompt": "same"}, {"prompt": "same"}, {"prompt": "other"}, {"id": "x", "prompt": "1"}, {"id": "x", "prompt": "2"}]
+    rows = [
+        {"prompt": "same"},
+        {"prompt": "same"},
+        {"prompt": "other"},
+        {"id": "x", "prompt": "1"},
+        {"id": "x", "prompt": "2"},
+    ]
     prompts, stats = load_prompts(dataset(write_jsonl(tmp_path / "a.jsonl", rows)))
     assert len(prompts) == 3
     assert stats.duplicates == 2

@@ -3,7 +3,13 @@ import logging
 import pytest
 import torch
 
-from eyas.target.capture import capture, check_aux_layers, default_aux_layers, hf_hidden_state_indices, num_decoder_layers
+from eyas.target.capture import (
+    capture,
+    check_aux_layers,
+    default_aux_layers,
+    hf_hidden_state_indices,
+    num_decoder_layers,
+)
 
 
 def test_default_layers_follow_the_documented_convention():

@@ -18,7 +18,9 @@ def test_embedded_tokenizer_splits_digits_like_the_model(tokenizer):
 
 def test_chat_template_and_end_of_turn(tokenizer):
     assert end_of_turn_id(tokenizer) == 2
-    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
     assert text.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
 
 

@@ -18,14 +18,19 @@ from eyas.tokenize.rebuild import Rebuilder
 from eyas.tokenize.report import DatasetReport, details
 from tests.tokenize.test_formats import family_encoder, record
 
-QWEN2_PATTERN = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN2_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 @pytest.fixture(scope="module")
 def r1(target_config):
     tokenizer = family_encoder(target_config, "deepseek-r1").tokenizer
     tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Split(Regex(QWEN2_PATTERN), "isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PATTERN), "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
     )
     return Rebuilder(FORMATS["deepseek-r1"](HFEncoder(tokenizer)))
 
@@ -49,8 +54,10 @@ def test_tied_whitespace_takes_the_documented_separator_and_is_flagged(r1):
     report.add(sample, kept=True)
     report.add(rebuild_one(r1, record("It is 4.", "Add two and two.")), kept=True)
     assert report.to_dict()["flags"] == {"whitespace:content.lead='\\n\\n'": 1, "ambiguous-whitespace": 1}
-    assert "r1: ambiguous-whitespace on 1 samples: whitespace restored at other edges matched billing as well; " \
+    assert (
+        "r1: ambiguous-whitespace on 1 samples: whitespace restored at other edges matched billing as well; "
         "the format's documented separator was kept (else the first tried)" in details(report)
+    )
 
 
 def test_a_single_matching_reading_is_not_flagged(target_config):

@@ -112,11 +112,15 @@ def test_on_mismatch_drop_lists_each_dropped_sample(generated, tmp_path):
     path.parent.mkdir(parents=True)
     path.write_text("".join(r.to_json() + "\n" for r in [bad, *records[1:]]))
     for policy, kept in (("flag", 4), ("drop", 3)):
-        cfg = config.model_copy(update={"run_dir": str(run_dir), "tokenize": config.tokenize.model_copy(update={"on_mismatch": policy})})
+        cfg = config.model_copy(
+            update={"run_dir": str(run_dir), "tokenize": config.tokenize.model_copy(update={"on_mismatch": policy})}
+        )
         report = tokenize.run(cfg, quiet=True)["datasets"]["qa"]
         table = pq.read_table(RunPaths(run_dir).tokenized("qa")).to_pylist()
         assert len(table) == report["samples"] == kept
-    assert report["dropped"] == [{"id": bad.id, "reason": f"rebuilt {len(bad.token_ids)} completion tokens, billed {len(bad.token_ids) + 9}"}]
+    assert report["dropped"] == [
+        {"id": bad.id, "reason": f"rebuilt {len(bad.token_ids)} completion tokens, billed {len(bad.token_ids) + 9}"}
+    ]
     assert report["billing_exact_rate"] == 0.75
 
 
@@ -128,8 +132,16 @@ def test_mismatch_names_position_tokens_and_cause(tokenizer):
     split = tokenizer.encode("H", add_special_tokens=False) + tokenizer.encode("ello", add_special_tokens=False)
     assert len(hello) == 1 and len(split) == 2
     rec = GenerationRecord(
-        id="qa/x", dataset="qa", prompt_id="x", messages=[{"role": "user", "content": "Hi"}], content="Hello",
-        finish_reason="stop", usage=Usage(completion_tokens=3), model="m", provider="local", created=0.0,
+        id="qa/x",
+        dataset="qa",
+        prompt_id="x",
+        messages=[{"role": "user", "content": "Hi"}],
+        content="Hello",
+        finish_reason="stop",
+        usage=Usage(completion_tokens=3),
+        model="m",
+        provider="local",
+        created=0.0,
         token_ids=split + [2],
     )
     (sample,), _ = Rebuilder(fmt).rebuild([rec])
@@ -177,8 +189,17 @@ def test_auto_places_reasoning_the_way_the_template_renders_it(target_config):
     )
     encoder = HFEncoder(tok)
     rec = GenerationRecord(
-        id="qa/r", dataset="qa", prompt_id="r", messages=[{"role": "user", "content": "2+2?"}], content="4",
-        reasoning="Add them.", finish_reason="stop", usage=Usage(), model="m", provider="p", created=0.0,
+        id="qa/r",
+        dataset="qa",
+        prompt_id="r",
+        messages=[{"role": "user", "content": "2+2?"}],
+        content="4",
+        reasoning="Add them.",
+        finish_reason="stop",
+        usage=Usage(),
+        model="m",
+        provider="p",
+        created=0.0,
     )
     (sample,), _ = Rebuilder(AutoFormat(encoder)).rebuild([rec])
     assert encoder.decode(sample.completion_ids) == "<think>\nAdd them.\n</think>\n\n4<|im_end|>"
@@ -217,8 +238,16 @@ def test_a_seam_where_joint_encoding_differs_is_flagged(tokenizer):
 
     def flags(content):
         rec = GenerationRecord(
-            id="qa/s", dataset="qa", prompt_id="s", messages=[{"role": "user", "content": "Hi"}], content=content,
-            finish_reason="stop", usage=Usage(), model="m", provider="p", created=0.0,
+            id="qa/s",
+            dataset="qa",
+            prompt_id="s",
+            messages=[{"role": "user", "content": "Hi"}],
+            content=content,
+            finish_reason="stop",
+            usage=Usage(),
+            model="m",
+            provider="p",
+            created=0.0,
         )
         return Rebuilder(fmt).rebuild([rec])[0][0].flags
 

@@ -33,8 +33,17 @@ FAMILIES = {
     "deepseek-r1": (
         R1_TEMPLATE,
         ["<think>", "</think>"],
-        ["<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>", "<｜end▁of▁sentence｜>",
-         "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"],
+        [
+            "<｜begin▁of▁sentence｜>",
+            "<｜User｜>",
+            "<｜Assistant｜>",
+            "<｜end▁of▁sentence｜>",
+            "<｜tool▁calls▁begin｜>",
+            "<｜tool▁calls▁end｜>",
+            "<｜tool▁call▁begin｜>",
+            "<｜tool▁sep｜>",
+            "<｜tool▁call▁end｜>",
+        ],
     ),
 }
 
@@ -52,9 +61,18 @@ def family_encoder(target_config, name: str) -> HFEncoder:
 
 def record(content, reasoning=None, finish="stop", **extra) -> GenerationRecord:
     return GenerationRecord(
-        id="f/1", dataset="f", prompt_id="1", messages=[{"role": "user", "content": "What is 2+2?"}],
-        content=content, reasoning=reasoning, finish_reason=finish, usage=Usage(), model="m", provider="p",
-        created=0.0, **extra,
+        id="f/1",
+        dataset="f",
+        prompt_id="1",
+        messages=[{"role": "user", "content": "What is 2+2?"}],
+        content=content,
+        reasoning=reasoning,
+        finish_reason=finish,
+        usage=Usage(),
+        model="m",
+        provider="p",
+        created=0.0,
+        **extra,
     )
 
 
@@ -124,8 +142,13 @@ def test_auto_agrees_with_the_explicit_format(family):
 def test_qwen3_tool_calls_and_deepseek_tool_markers(target_config):
     call = {"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 2, "b": 2}'}}
     qwen = family_encoder(target_config, "qwen3")
-    text, _ = completion_text(qwen, FORMATS["qwen3"](qwen), record("", "Use the tool.", finish="tool_calls", tool_calls=[call]))
-    assert text == '<think>\nUse the tool.\n</think>\n\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call><|im_end|>'
+    text, _ = completion_text(
+        qwen, FORMATS["qwen3"](qwen), record("", "Use the tool.", finish="tool_calls", tool_calls=[call])
+    )
+    assert (
+        text
+        == '<think>\nUse the tool.\n</think>\n\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 2}}\n</tool_call><|im_end|>'
+    )
     r1 = family_encoder(target_config, "deepseek-r1")
     fmt = FORMATS["deepseek-r1"](r1)
     text, ids = completion_text(r1, fmt, record("", "Use the tool.", finish="tool_calls", tool_calls=[call]))

@@ -20,27 +20,150 @@ PROMPT_HI = [163587, 882, 163601, 13347, 163586, 163588, 78191, 163601, 163606]
 
 GOLDEN = {
     "reasoning_and_content": [
-        791, 1217, 2886, 1441, 757, 13, 358, 1288, 10052, 47626, 13, 163607,
-        9906, 0, 2650, 649, 358, 1520, 499, 3432, 30, 163586,
+        791,
+        1217,
+        2886,
+        1441,
+        757,
+        13,
+        358,
+        1288,
+        10052,
+        47626,
+        13,
+        163607,
+        9906,
+        0,
+        2650,
+        649,
+        358,
+        1520,
+        499,
+        3432,
+        30,
+        163586,
     ],
     "tool_calls": [
-        40, 1205, 279, 9282, 13, 163607, 163595,
-        163597, 22124, 673, 70464, 25, 15, 163598, 5018, 9103, 794, 330, 60704, 9388, 163599,
-        163597, 22124, 673, 70464, 25, 16, 163598, 5018, 9103, 794, 330, 29967, 385, 9388, 163599,
-        163596, 163586,
+        40,
+        1205,
+        279,
+        9282,
+        13,
+        163607,
+        163595,
+        163597,
+        22124,
+        673,
+        70464,
+        25,
+        15,
+        163598,
+        5018,
+        9103,
+        794,
+        330,
+        60704,
+        9388,
+        163599,
+        163597,
+        22124,
+        673,
+        70464,
+        25,
+        16,
+        163598,
+        5018,
+        9103,
+        794,
+        330,
+        29967,
+        385,
+        9388,
+        163599,
+        163596,
+        163586,
     ],
     "literal_special_in_content": [
-        20031, 279, 11460, 13, 163607, 941, 83739, 318, 6345, 91, 29, 477, 83739, 318, 3398, 91, 29, 16280, 13, 163586,
+        20031,
+        279,
+        11460,
+        13,
+        163607,
+        941,
+        83739,
+        318,
+        6345,
+        91,
+        29,
+        477,
+        83739,
+        318,
+        3398,
+        91,
+        29,
+        16280,
+        13,
+        163586,
     ],
     "cjk_and_emoji": [
-        20600, 19000, 76537, 26955, 249, 17857, 120, 1811, 163607, 57668, 53901, 3922, 3574, 244, 98220, 6447,
-        9468, 234, 235, 9468, 248, 222, 220, 9080, 22656, 45918, 252, 32977, 4012, 163586,
+        20600,
+        19000,
+        76537,
+        26955,
+        249,
+        17857,
+        120,
+        1811,
+        163607,
+        57668,
+        53901,
+        3922,
+        3574,
+        244,
+        98220,
+        6447,
+        9468,
+        234,
+        235,
+        9468,
+        248,
+        222,
+        220,
+        9080,
+        22656,
+        45918,
+        252,
+        32977,
+        4012,
+        163586,
     ],
     "empty_reasoning": [163607, 40914, 13, 163586],
     "length_truncated_in_reasoning": [10267, 757, 1797, 25, 220, 16, 11, 220, 17, 11, 220, 18],
     "length_truncated_in_content": [37830, 13, 163607, 791, 4320, 374],
 }
-WHITESPACE_TRUTH = [791, 2694, 315, 220, 17, 323, 220, 17, 374, 220, 19, 198, 163607, 198, 791, 4320, 374, 220, 19, 13, 163586]
+WHITESPACE_TRUTH = [
+    791,
+    2694,
+    315,
+    220,
+    17,
+    323,
+    220,
+    17,
+    374,
+    220,
+    19,
+    198,
+    163607,
+    198,
+    791,
+    4320,
+    374,
+    220,
+    19,
+    13,
+    163586,
+]
 # reasoning "The sum of 2 and 2 is 4\n" (198 before </think>), content "\nThe answer is 4." (198 after it)
 
 
@@ -133,10 +256,16 @@ def test_whitespace_stripped_by_the_server_is_recovered_via_billing(rebuilder):
     truth = rebuild_one(rebuilder, record("\nThe answer is 4.", "The sum of 2 and 2 is 4\n"))
     billed = len(truth.completion_ids)
     stripped = rebuild_one(rebuilder, record("The answer is 4.", "The sum of 2 and 2 is 4", billed=billed))
-    assert len(rebuild_one(rebuilder, record("The answer is 4.", "The sum of 2 and 2 is 4")).completion_ids) == billed - 2
+    assert (
+        len(rebuild_one(rebuilder, record("The answer is 4.", "The sum of 2 and 2 is 4")).completion_ids) == billed - 2
+    )
     assert stripped.completion_ids == truth.completion_ids == WHITESPACE_TRUTH
     # Newlines at other edges tie on billing and Kimi documents no separator: the first tried, flagged.
-    assert stripped.flags == ["whitespace:reasoning.trail='\\n'", "whitespace:content.lead='\\n'", "ambiguous-whitespace"]
+    assert stripped.flags == [
+        "whitespace:reasoning.trail='\\n'",
+        "whitespace:content.lead='\\n'",
+        "ambiguous-whitespace",
+    ]
 
 
 def test_a_count_no_reading_explains_is_flagged(rebuilder):
@@ -155,7 +284,10 @@ def test_tool_call_ids_count_over_the_conversation(rebuilder):
     text = rebuilder.encoder.decode(sample.completion_ids)
     assert "functions.get_weather:1" in text
     prompt = rebuilder.encoder.decode(sample.prompt_ids)
-    assert "<think></think><|tool_calls_section_begin|>" in prompt and "## Return of functions.get_weather:0\nsunny" in prompt
+    assert (
+        "<think></think><|tool_calls_section_begin|>" in prompt
+        and "## Return of functions.get_weather:0\nsunny" in prompt
+    )
 
 
 def test_k2_thinking_model_writes_its_own_think_tag(encoding):
@@ -175,9 +307,13 @@ def test_default_system_turn_k2_thinking_yes_k25_only_when_configured(encoding):
         rb = Rebuilder(FORMATS[name](TiktokenEncoder(encoding), **kwargs))
         prompt = encoding.decode(rebuild_one(rb, CASES["reasoning_and_content"]).prompt_ids)
         assert prompt.startswith(expected + "<|im_user|>user"), name
-    with_system = record("Hi.", "Hm.", messages=[{"role": "system", "content": "Own."}, {"role": "user", "content": "Hi"}])
+    with_system = record(
+        "Hi.", "Hm.", messages=[{"role": "system", "content": "Own."}, {"role": "user", "content": "Hi"}]
+    )
     rb = Rebuilder(FORMATS["kimi-k2-thinking"](TiktokenEncoder(encoding)))
-    assert encoding.decode(rebuild_one(rb, with_system).prompt_ids).startswith("<|im_system|>system<|im_middle|>Own.<|im_end|><|im_user|>")
+    assert encoding.decode(rebuild_one(rb, with_system).prompt_ids).startswith(
+        "<|im_system|>system<|im_middle|>Own.<|im_end|><|im_user|>"
+    )
 
 
 def test_shifted_special_ids_are_an_error(encoding):
@@ -185,7 +321,9 @@ def test_shifted_special_ids_are_an_error(encoding):
 
     shifted = dict(encoding._special_tokens)
     shifted["</think>"], shifted["<|media_end|>"] = KIMI_SPECIAL_IDS["<|media_end|>"], KIMI_SPECIAL_IDS["</think>"]
-    bad = tiktoken.Encoding("shifted", pat_str=encoding._pat_str, mergeable_ranks=encoding._mergeable_ranks, special_tokens=shifted)
+    bad = tiktoken.Encoding(
+        "shifted", pat_str=encoding._pat_str, mergeable_ranks=encoding._mergeable_ranks, special_tokens=shifted
+    )
     with pytest.raises(ConfigError, match="</think> id 163604, the format expects 163607"):
         FORMATS["kimi-k2.5"](TiktokenEncoder(bad))
 
@@ -217,7 +355,9 @@ def test_run_on_a_kimi_model_dir_writes_the_golden_ids(tmp_path):
     path = RunPaths.of(config).generations("kimi")
     path.parent.mkdir(parents=True)
     names = ["reasoning_and_content", "cjk_and_emoji", "length_truncated_in_content"]
-    rows = [replace(CASES[n], id=f"kimi/{i}", usage=Usage(completion_tokens=len(GOLDEN[n]))) for i, n in enumerate(names)]
+    rows = [
+        replace(CASES[n], id=f"kimi/{i}", usage=Usage(completion_tokens=len(GOLDEN[n]))) for i, n in enumerate(names)
+    ]
     path.write_text("".join(r.to_json() + "\n" for r in rows))
     auto = config.model_copy(update={"tokenize": config.tokenize.model_copy(update={"format": "auto"})})
     with pytest.raises(ConfigError, match="ships a tiktoken tokenizer"):

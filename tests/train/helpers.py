@@ -16,7 +16,9 @@ def small_drafter(model, draft_vocab_size: int = 512, seed: int = 0, **sizes) ->
     train = TrainConfig(intermediate_size=sizes.pop("intermediate_size", 256), **sizes)
     spec = spec_for_target(model.config, train, default_aux_layers(num_decoder_layers(model)), draft_vocab_size)
     drafter = Eagle3Drafter(spec, model.get_input_embeddings().weight)
-    used = torch.randperm(spec.vocab_size, generator=torch.Generator().manual_seed(seed))[:draft_vocab_size].sort().values
+    used = (
+        torch.randperm(spec.vocab_size, generator=torch.Generator().manual_seed(seed))[:draft_vocab_size].sort().values
+    )
     t2d = torch.zeros(spec.vocab_size, dtype=torch.bool)
     t2d[used] = True
     drafter.set_vocab(used - torch.arange(draft_vocab_size), t2d)

@@ -29,9 +29,21 @@ def test_two_ranks_match_one_process(merged_run, tmp_path, parallel):
     # Two launches: the second resumes the first's step-2 checkpoint on both ranks.
     for extra in (["--stop-after", "2"], []):
         command = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-            "-m", "eyas", "train", str(config), "--quiet", *extra,
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "eyas",
+            "train",
+            str(config),
+            "--quiet",
+            *extra,
         ]
         done = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]

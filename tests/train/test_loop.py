@@ -30,7 +30,9 @@ def test_loss_goes_down_with_default_drafter_sizes(merged_run, model):
     assert all(len(r["acc"]) == 3 and r["tokens_per_s"] > 0 for r in rows)
     ev = result["eval"]
     assert ev["step"] == 6 and ev["samples"] == 2 and len(ev["acc"]) == 3
-    assert ev["acceptance_length"] == pytest.approx(1 + ev["acc"][0] + ev["acc"][0] * ev["acc"][1] + ev["acc"][0] * ev["acc"][1] * ev["acc"][2])
+    assert ev["acceptance_length"] == pytest.approx(
+        1 + ev["acc"][0] + ev["acc"][0] * ev["acc"][1] + ev["acc"][0] * ev["acc"][1] * ev["acc"][2]
+    )
     assert read_metrics(merged_run / "train" / "metrics.jsonl", "eval")[-1]["step"] == 6
     drafter = Eagle3Drafter.load(merged_run / "train" / "final", model)
     assert drafter.spec.draft_vocab_size == 32000 and drafter.spec.intermediate_size == 1536
@@ -52,7 +54,10 @@ def test_resumed_run_in_fresh_process_continues_bit_for_bit(merged_run, tmp_path
     shutil.rmtree(other / "train" / "checkpoints" / "step-00000003")
     done = subprocess.run(
         [sys.executable, "-m", "eyas", "train", str(write_config(other, **settings))],
-        capture_output=True, text=True, env=subprocess_env(), timeout=600,
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr
     assert "simulated acceptance length" in done.stdout + done.stderr

@@ -120,9 +120,7 @@ def from_speculators_keys(weights: dict[str, torch.Tensor]) -> dict[str, torch.T
 
 def _cast(weights: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Contiguous CPU copies, floating tensors in ``dtype`` (``d2t``/``t2d`` keep their integer/bool types)."""
-    return {
-        k: (v.to(dtype) if v.is_floating_point() else v).detach().cpu().contiguous() for k, v in weights.items()
-    }
+    return {k: (v.to(dtype) if v.is_floating_point() else v).detach().cpu().contiguous() for k, v in weights.items()}
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

@@ -50,7 +50,9 @@ class DraftSession:
         """Commit n verified positions p..p+n-1: ``aux[j]`` is the target's aux state [3·H_target]
         at p+j, ``next_tokens[j]`` the verified token at p+j+1. Drops the last proposal's scratch."""
         if aux.ndim != 2 or next_tokens.ndim != 1 or aux.shape[0] != next_tokens.shape[0]:
-            raise ValueError(f"append needs aux [n, 3H] and next_tokens [n]; got {tuple(aux.shape)} and {tuple(next_tokens.shape)}")
+            raise ValueError(
+                f"append needs aux [n, 3H] and next_tokens [n]; got {tuple(aux.shape)} and {tuple(next_tokens.shape)}"
+            )
         if aux.shape[0] == 0:
             return
         d = self.drafter

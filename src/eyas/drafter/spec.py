@@ -75,9 +75,7 @@ def spec_for_target(target_config, train: TrainConfig, aux_layers: list[int], dr
             "target's token embedding, so its hidden size must equal the target's (leave it unset)"
         )
     heads = train.num_attention_heads or text.num_attention_heads
-    kv_heads = train.num_key_value_heads or (
-        text.num_key_value_heads if heads == text.num_attention_heads else heads
-    )
+    kv_heads = train.num_key_value_heads or (text.num_key_value_heads if heads == text.num_attention_heads else heads)
     if heads % kv_heads:
         raise ConfigError(f"train.num_key_value_heads: {kv_heads} does not divide the {heads} attention heads")
     target_head_dim = getattr(text, "head_dim", None) or target_hidden // text.num_attention_heads

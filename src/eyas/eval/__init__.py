@@ -71,7 +71,10 @@ def default_draft_dir(paths: RunPaths, engine: str = "eyas") -> Path:
 
 
 def run(
-    config: RunConfig, quiet: bool = False, prompts: str | None = None, draft: Path | None = None,
+    config: RunConfig,
+    quiet: bool = False,
+    prompts: str | None = None,
+    draft: Path | None = None,
     engine: str | None = None,
 ) -> dict:
     """Evaluate and return the report (also written to ``eval/report.json``)."""
@@ -81,7 +84,9 @@ def run(
     cfg = config.eval
     engine = engine or cfg.engine
     if engine != "vllm" and not cfg.in_process:
-        raise ConfigError("--engine eyas: eval.in_process is false, so only vLLM runs the target; set it to true or drop --engine")
+        raise ConfigError(
+            "--engine eyas: eval.in_process is false, so only vLLM runs the target; set it to true or drop --engine"
+        )
     draft_dir = Path(draft) if draft else default_draft_dir(paths, engine)
     tokenizer = load_tokenizer(config.target)
     eval_prompts = load_eval_prompts(config, tokenizer, prompts)
@@ -200,8 +205,14 @@ def _decode(model, prompt: EvalPrompt, name: str, proposers, cfg, stop_ids: set[
             torch.manual_seed(seed)
         with TargetRunner(model, proposer.aux_layers) as runner:
             out = speculative_decode(
-                runner, proposer, prompt.input_ids, cfg.num_draft_tokens, cfg.max_new_tokens,
-                stop_ids, cfg.temperature, generator,
+                runner,
+                proposer,
+                prompt.input_ids,
+                cfg.num_draft_tokens,
+                cfg.max_new_tokens,
+                stop_ids,
+                cfg.temperature,
+                generator,
             )
     return PromptResult(prompt.id, prompt.dataset, out.tokens, out.passes, out.seconds, out.accepted_at)
 
@@ -211,7 +222,14 @@ def _report(config: RunConfig, draft_dir: Path, prompts: list[EvalPrompt], metho
     by_method = {m: [done[(m, p.id)] for p in prompts] for m in methods}
     plain = plain_summary(by_method[PLAIN])
     reference = {r.prompt_id: r.tokens for r in by_method[PLAIN]} if cfg.temperature == 0 else None
-    return report_frame(config, draft_dir, prompts, plain, {
-        m: summarize(by_method[m], cfg.num_draft_tokens, reference, plain["tokens_per_s"]) for m in methods if m != PLAIN
-    })
-
+    return report_frame(
+        config,
+        draft_dir,
+        prompts,
+        plain,
+        {
+            m: summarize(by_method[m], cfg.num_draft_tokens, reference, plain["tokens_per_s"])
+            for m in methods
+            if m != PLAIN
+        },
+    )

@@ -112,9 +112,7 @@ def _first_token(logits: torch.Tensor, temperature: float, generator: torch.Gene
     return int(logits[-1].argmax().item())
 
 
-def greedy_decode(
-    runner: TargetRunner, prompt: list[int], max_new_tokens: int, stop_ids: set[int]
-) -> Decoded:
+def greedy_decode(runner: TargetRunner, prompt: list[int], max_new_tokens: int, stop_ids: set[int]) -> Decoded:
     """Plain greedy decoding, one target pass per token: the reference output and speed."""
     started = time.perf_counter()
     runner.reset()

@@ -28,7 +28,9 @@ def load_drafter(directory: Path, target_model):
     from eyas.drafter.model import Eagle3Drafter
 
     if not (directory / "config.json").is_file():
-        raise StageError(f"eval: {directory} holds no drafter (no config.json); run `eyas train` and `eyas export`, or pass --draft DIR")
+        raise StageError(
+            f"eval: {directory} holds no drafter (no config.json); run `eyas train` and `eyas export`, or pass --draft DIR"
+        )
     drafter = Eagle3Drafter.load(directory, target_model)
     drafter.eval().requires_grad_(False)
     return drafter

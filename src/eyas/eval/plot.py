@@ -28,7 +28,9 @@ def plot_acceptance(report: dict, path: Path) -> Path:
     for j, (name, m) in enumerate(per_dataset.items()):
         xs = [i + (j - (len(per_dataset) - 1) / 2) * right_width for i in range(len(datasets))]
         right.bar(xs, [m["tau_per_dataset"].get(d, 0.0) for d in datasets], right_width, label=name)
-    left.set(title="acceptance rate by draft position", xlabel="draft position", ylabel="accepted / rounds", ylim=(0, 1))
+    left.set(
+        title="acceptance rate by draft position", xlabel="draft position", ylabel="accepted / rounds", ylim=(0, 1)
+    )
     left.set_xticks(range(1, k + 1))
     left.legend(fontsize=8)
     right.set(title="acceptance length τ by dataset", ylabel="tokens per target pass")

@@ -29,7 +29,9 @@ class PromptResult:
     accepted_at: list[int] = field(default_factory=list)
 
 
-def summarize(results: list[PromptResult], k: int, reference: dict[str, list[int]] | None, plain_tps: float | None) -> dict:
+def summarize(
+    results: list[PromptResult], k: int, reference: dict[str, list[int]] | None, plain_tps: float | None
+) -> dict:
     """One method's figures; ``reference`` maps prompt id to the plain greedy output (None: sampling)."""
     generated = sum(len(r.tokens) - 1 for r in results)
     passes = sum(r.passes for r in results)
@@ -46,7 +48,9 @@ def summarize(results: list[PromptResult], k: int, reference: dict[str, list[int
         "tokens": tokens,
         "target_passes": passes,
         "tau": generated / passes if passes else 1.0,
-        "per_position": [sum(r.accepted_at[i] for r in results if r.accepted_at) / passes if passes else 0.0 for i in range(k)],
+        "per_position": [
+            sum(r.accepted_at[i] for r in results if r.accepted_at) / passes if passes else 0.0 for i in range(k)
+        ],
         "tau_per_dataset": {d: g / p if p else 1.0 for d, (g, p) in sorted(per_dataset.items())},
         "seconds": seconds,
         "tokens_per_s": tps,
@@ -54,14 +58,23 @@ def summarize(results: list[PromptResult], k: int, reference: dict[str, list[int
     }
     if reference is not None:
         mismatched = [r.prompt_id for r in results if r.tokens != reference[r.prompt_id]]
-        summary["lossless"] = {"checked": len(results), "identical": len(results) - len(mismatched), "mismatched": mismatched}
+        summary["lossless"] = {
+            "checked": len(results),
+            "identical": len(results) - len(mismatched),
+            "mismatched": mismatched,
+        }
     return summary
 
 
 def plain_summary(results: list[PromptResult]) -> dict:
     tokens = sum(len(r.tokens) for r in results)
     seconds = sum(r.seconds for r in results)
-    return {"prompts": len(results), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0}
+    return {
+        "prompts": len(results),
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
+    }
 
 
 def report_frame(config, draft_dir: Path, prompts: list, plain: dict, methods: dict[str, dict]) -> dict:
@@ -102,7 +115,9 @@ def engine_check_line(report: dict) -> str | None:
     )
     if not check["checked"]:
         return f"{figures}: not checked at temperature > 0 (the engines draw different random numbers)"
-    return f"{figures}: " + ("agree" if not check["problems"] else f"DISAGREE ({len(check['problems'])} problems, below)")
+    return f"{figures}: " + (
+        "agree" if not check["problems"] else f"DISAGREE ({len(check['problems'])} problems, below)"
+    )
 
 
 def write_report(path: Path, report: dict) -> None:

@@ -51,7 +51,11 @@ def summarize_vllm(result: dict, prompt_ids: list[str], k: int, reference: dict[
     }
     if reference is not None:
         mismatched = [pid for pid, out in zip(prompt_ids, result["outputs"]) if out != reference[pid]]
-        summary["lossless"] = {"checked": len(prompt_ids), "identical": len(prompt_ids) - len(mismatched), "mismatched": mismatched}
+        summary["lossless"] = {
+            "checked": len(prompt_ids),
+            "identical": len(prompt_ids) - len(mismatched),
+            "mismatched": mismatched,
+        }
     return summary
 
 
@@ -112,7 +116,10 @@ def run_in_vllm_only(config: RunConfig, draft_dir: Path, prompts: list, stop_ids
     tokens = sum(len(o) for o in plain["outputs"])
     seconds = plain["generate_seconds"]
     baseline = {
-        "prompts": len(prompts), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "prompts": len(prompts),
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
         "engine": f"vllm {plain['vllm_version']}",
     }
     reference = dict(zip(prompt_ids, plain["outputs"])) if cfg.temperature == 0 else None

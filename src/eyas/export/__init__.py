@@ -42,7 +42,11 @@ CONTRACT = StageContract(
     "export",
     lambda c, p: [p.export(f) / "config.json" for f in formats_for(c)],
     # The target names the served dtype and the verifier; speculators' config holds the draft length.
-    lambda c: {"target": target_identity(c.target), "formats": formats_for(c), "num_draft_tokens": c.eval.num_draft_tokens},
+    lambda c: {
+        "target": target_identity(c.target),
+        "formats": formats_for(c),
+        "num_draft_tokens": c.eval.num_draft_tokens,
+    },
 )
 
 

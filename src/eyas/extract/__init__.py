@@ -51,6 +51,11 @@ def run(config: RunConfig, quiet: bool = False) -> dict | None:
     if index is not None:
         log.info(
             "hidden states: %d samples, %d tokens, %d shards, %.2f GB (%s) in %s",
-            index["num_samples"], index["num_tokens"], len(index["shards"]), index["bytes"] / 1e9, index["dtype"], config.run_dir,
+            index["num_samples"],
+            index["num_tokens"],
+            len(index["shards"]),
+            index["bytes"] / 1e9,
+            index["dtype"],
+            config.run_dir,
         )
     return index

@@ -109,7 +109,9 @@ class HiddenStates:
 
     def verify(self) -> list[str]:
         """Shard files whose checksum differs from index.json (reads every byte)."""
-        return [s["file"] for s in self.index["shards"] if storage.file_sha256(self.hidden_dir / s["file"]) != s["sha256"]]
+        return [
+            s["file"] for s in self.index["shards"] if storage.file_sha256(self.hidden_dir / s["file"]) != s["sha256"]
+        ]
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_open": {}}

@@ -64,7 +64,15 @@ def plan_job(config: RunConfig, paths: RunPaths) -> Job:
         "shard_tokens": shard_tokens,
         "merge_stats_sha256": hashlib.sha256(paths.merge_stats.read_bytes()).hexdigest(),
     }
-    return Job(aux_layers, hidden, num_layers, plan.plan_shards(lengths, shard_tokens), lengths, settings, content_hash(settings))
+    return Job(
+        aux_layers,
+        hidden,
+        num_layers,
+        plan.plan_shards(lengths, shard_tokens),
+        lengths,
+        settings,
+        content_hash(settings),
+    )
 
 
 def _check_existing(paths: RunPaths, job: Job) -> None:
@@ -118,7 +126,9 @@ def extract(config: RunConfig, quiet: bool = False) -> dict | None:
     return index
 
 
-def _write_shards(config, paths, job: Job, todo: list[int], rank: int, world: int, local_rank: int, quiet: bool) -> None:
+def _write_shards(
+    config, paths, job: Job, todo: list[int], rank: int, world: int, local_rank: int, quiet: bool
+) -> None:
     engine = config.extract.engine
     if engine == "vllm" and world > 1:
         raise ConfigError(
@@ -128,7 +138,9 @@ def _write_shards(config, paths, job: Job, todo: list[int], rank: int, world: in
     max_len = max(job.lengths[i] for s in todo for i in job.shards[s])
     device = _device(config, local_rank)
     with open_prefill(config, engine, job.aux_layers, job.num_layers, max_len, paths.hidden_dir, device) as prefill:
-        _write_with(config, paths, job, todo, prefill, f"extract (rank {rank}/{world})" if world > 1 else "extract", quiet)
+        _write_with(
+            config, paths, job, todo, prefill, f"extract (rank {rank}/{world})" if world > 1 else "extract", quiet
+        )
 
 
 def _write_with(config, paths, job: Job, todo: list[int], prefill: Prefill, label: str, quiet: bool) -> None:
@@ -148,14 +160,23 @@ def _write_with(config, paths, job: Job, todo: list[int], prefill: Prefill, labe
             written += sidecar["bytes"]
             amount = f"{written / 1e9:,.2f} GB" if written >= 1e9 else f"{written / 1e6:,.1f} MB"
             bar.update(task, description=f"{label} · {amount} written")
-            log.info("shard %d: %d samples, %d tokens, %.1f MB in %.1f s", shard, sidecar["samples"], sidecar["tokens"], sidecar["bytes"] / 1e6, sidecar["seconds"])
+            log.info(
+                "shard %d: %d samples, %d tokens, %.1f MB in %.1f s",
+                shard,
+                sidecar["samples"],
+                sidecar["tokens"],
+                sidecar["bytes"] / 1e6,
+                sidecar["seconds"],
+            )
 
 
 def _extract_shard(config, paths, job: Job, prefill: Prefill, shard: int, advance) -> dict:
     t0 = time.monotonic()
     rows = read_rows(paths, "train", job.shards[shard].start, job.shards[shard].stop, ["id", "input_ids", "loss_mask"])
     lengths = [len(r["input_ids"]) for r in rows]
-    buffer = storage.ShardBuffer([r["id"] for r in rows], lengths, job.hidden_size, len(job.aux_layers), config.extract.dtype)
+    buffer = storage.ShardBuffer(
+        [r["id"] for r in rows], lengths, job.hidden_size, len(job.aux_layers), config.extract.dtype
+    )
     for batch in plan.plan_batches(lengths, config.extract.batch_tokens):
         outputs = prefill.capture([rows[i]["input_ids"] for i in batch])
         for i, (aux, final) in zip(batch, outputs):
@@ -179,7 +200,9 @@ def _write_index(paths: RunPaths, job: Job) -> dict:
     sidecars = [storage.read_sidecar(paths.hidden_dir, shard) for shard in range(len(job.shards))]
     for shard, sidecar in enumerate(sidecars):
         if sidecar is None:
-            raise StageError(f"{storage.shard_path(paths.hidden_dir, shard)}: missing after every rank finished; rerun extract")
+            raise StageError(
+                f"{storage.shard_path(paths.hidden_dir, shard)}: missing after every rank finished; rerun extract"
+            )
     shards = [{k: s[k] for k in ("file", "samples", "tokens", "bytes", "sha256", "sample_start")} for s in sidecars]
     seconds = sum(s["seconds"] for s in sidecars)
     tokens = sum(s["tokens"] for s in shards)
@@ -195,7 +218,13 @@ def _write_index(paths: RunPaths, job: Job) -> dict:
         "num_samples": len(job.lengths),
         "num_tokens": tokens,
         "bytes": sum(s["bytes"] for s in shards),
-        "tensors": {"aux": ["tokens", len(job.aux_layers) * h], "final": ["tokens", h], "input_ids": ["tokens"], "loss_mask": ["tokens"], "offsets": ["samples + 1"]}
+        "tensors": {
+            "aux": ["tokens", len(job.aux_layers) * h],
+            "final": ["tokens", h],
+            "input_ids": ["tokens"],
+            "loss_mask": ["tokens"],
+            "offsets": ["samples + 1"],
+        }
         | ({"aux_scale": ["tokens", len(job.aux_layers)]} if job.settings["dtype"] == "fp8" else {}),
         "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
         # Shards from either engine hold the same states (to float tolerance), so a run may switch.

@@ -131,4 +131,3 @@ def remove_partial(directory: Path, shard: int) -> None:
         leftover.unlink(missing_ok=True)
     if not sidecar_path(directory, shard).is_file():
         shard_path(directory, shard).unlink(missing_ok=True)
-

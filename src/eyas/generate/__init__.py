@@ -114,7 +114,9 @@ def _generate_datasets(config: RunConfig, paths: RunPaths, quiet: bool, generato
                     messages = conversation_for(p, state)
                     (ready if messages is not None else waiting).append((p, messages))
                 if not ready:
-                    log.warning("%s: %d turns wait for earlier turns that could not be generated", dataset.name, len(waiting))
+                    log.warning(
+                        "%s: %d turns wait for earlier turns that could not be generated", dataset.name, len(waiting)
+                    )
                     break
                 jobs = [Job(p, m, generator.encode_prompt(m, p.tools)) for p, m in ready]
                 run_jobs(

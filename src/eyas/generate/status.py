@@ -35,8 +35,13 @@ def collect(config: RunConfig) -> list[DatasetStatus]:
         errors = sum(1 for _ in read_jsonl(errors_path)) if errors_path.exists() else 0
         rows.append(
             DatasetStatus(
-                d.name, turns, len(progress.done), progress.completion_tokens,
-                d.output_token_target, dict(progress.finish_reasons), errors,
+                d.name,
+                turns,
+                len(progress.done),
+                progress.completion_tokens,
+                d.output_token_target,
+                dict(progress.finish_reasons),
+                errors,
             )
         )
     return rows

@@ -27,7 +27,9 @@ CONTRACT = StageContract(
     lambda c, p: [p.merge_stats],
     lambda c: {
         "merge": c.merge.model_dump(mode="json"),
-        "datasets": [d.model_dump(mode="json", include={"name", "weight", "merge_token_budget", "drop"}) for d in c.datasets],
+        "datasets": [
+            d.model_dump(mode="json", include={"name", "weight", "merge_token_budget", "drop"}) for d in c.datasets
+        ],
     },
 )
 
@@ -42,6 +44,9 @@ def run(config: RunConfig, quiet: bool = False) -> dict:
         console.print(histogram_table(stats["train"]["length_histogram"], "train lengths"))
     log.info(
         "merged %d train samples (%d tokens) and %d eval samples; dropped %s",
-        stats["train"]["samples"], stats["train"]["tokens"], stats["eval"]["samples"], dropped_text(stats["dropped"]),
+        stats["train"]["samples"],
+        stats["train"]["tokens"],
+        stats["eval"]["samples"],
+        dropped_text(stats["dropped"]),
     )
     return stats

@@ -66,7 +66,13 @@ class Placement:
     is_eval: np.ndarray
 
     def subset(self, keep: np.ndarray) -> Placement:
-        return Placement(self.rows[keep], self.copies[keep], [i for i, k in zip(self.ids, keep) if k], self.keys[keep], self.is_eval[keep])
+        return Placement(
+            self.rows[keep],
+            self.copies[keep],
+            [i for i, k in zip(self.ids, keep) if k],
+            self.keys[keep],
+            self.is_eval[keep],
+        )
 
 
 def input_path(paths: RunPaths, dataset: DatasetConfig) -> Path:
@@ -82,7 +88,9 @@ def input_path(paths: RunPaths, dataset: DatasetConfig) -> Path:
 
 def scan(dataset: DatasetConfig, path: Path, max_seq_len: int | None, advance=lambda n: None) -> Scan:
     result = Scan(dataset, path)
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=READ_BATCH_ROWS, columns=["id", "loss_mask", "input_ids"]):
+    for batch in pq.ParquetFile(path).iter_batches(
+        batch_size=READ_BATCH_ROWS, columns=["id", "loss_mask", "input_ids"]
+    ):
         ids, masks, tokens = batch.column(0), batch.column(1), batch.column(2)
         bad = pc.not_equal(pc.list_value_length(masks), pc.list_value_length(tokens))
         if pc.any(bad).as_py():
@@ -117,8 +125,12 @@ def place(s: Scan, held_out: set[str], config: RunConfig, dropped: dict[str, int
             out_id = plan.copy_id(sample_id, k)
             rows.append(row), ks.append(k), ids.append(out_id), is_eval.append(evaluating)
             keys.append(plan.order_key(seed, out_id))
-    placement = Placement(np.array(rows, np.int64), np.array(ks, np.int64), ids, np.array(keys, np.uint64), np.array(is_eval, bool))
-    cutoff = plan.budget_cutoff(placement.keys[~placement.is_eval], lengths[placement.rows[~placement.is_eval]], s.dataset.merge_token_budget)
+    placement = Placement(
+        np.array(rows, np.int64), np.array(ks, np.int64), ids, np.array(keys, np.uint64), np.array(is_eval, bool)
+    )
+    cutoff = plan.budget_cutoff(
+        placement.keys[~placement.is_eval], lengths[placement.rows[~placement.is_eval]], s.dataset.merge_token_budget
+    )
     if cutoff is not None:
         within = np.array([int(k) <= cutoff for k in placement.keys], bool)
         keep = placement.is_eval | within
@@ -127,7 +139,9 @@ def place(s: Scan, held_out: set[str], config: RunConfig, dropped: dict[str, int
     return placement
 
 
-def _output_rows(batch: pa.RecordBatch, first_row: int, p: Placement, max_seq_len: int | None) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+def _output_rows(
+    batch: pa.RecordBatch, first_row: int, p: Placement, max_seq_len: int | None
+) -> tuple[pa.Table, np.ndarray, np.ndarray]:
     """The batch's rows as they will be written (copies, new ids, truncation), their keys and splits."""
     lo, hi = np.searchsorted(p.rows, [first_row, first_row + batch.num_rows])
     local = p.rows[lo:hi] - first_row
@@ -139,10 +153,18 @@ def _output_rows(batch: pa.RecordBatch, first_row: int, p: Placement, max_seq_le
         if cut.any():
             for name in ("input_ids", "loss_mask"):
                 column = pc.list_slice(table.column(name), 0, max_seq_len)
-                table = table.set_column(table.schema.get_field_index(name), name, column.cast(table.schema.field(name).type))
-            table = table.set_column(table.schema.get_field_index("num_tokens"), "num_tokens", pa.array(np.minimum(lengths, max_seq_len), table.schema.field("num_tokens").type))
+                table = table.set_column(
+                    table.schema.get_field_index(name), name, column.cast(table.schema.field(name).type)
+                )
+            table = table.set_column(
+                table.schema.get_field_index("num_tokens"),
+                "num_tokens",
+                pa.array(np.minimum(lengths, max_seq_len), table.schema.field("num_tokens").type),
+            )
             flags = [f + ["truncated"] if c else f for f, c in zip(table.column("flags").to_pylist(), cut)]
-            table = table.set_column(table.schema.get_field_index("flags"), "flags", pa.array(flags, pa.list_(pa.string())))
+            table = table.set_column(
+                table.schema.get_field_index("flags"), "flags", pa.array(flags, pa.list_(pa.string()))
+            )
     return table, p.keys[lo:hi], p.is_eval[lo:hi]
 
 
@@ -192,8 +214,14 @@ def _shuffle_and_write(config: RunConfig, paths: RunPaths, scans: list[Scan], ph
     tmp = paths.root / "merge.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    stats: dict = {"schema_version": SCHEMA_VERSION, "seed": m.seed, "max_seq_len": m.max_seq_len, "overflow": m.overflow,
-                   "eval_prompts": len(held_out), "datasets": {}}
+    stats: dict = {
+        "schema_version": SCHEMA_VERSION,
+        "seed": m.seed,
+        "max_seq_len": m.max_seq_len,
+        "overflow": m.overflow,
+        "eval_prompts": len(held_out),
+        "datasets": {},
+    }
     placements = []
     totals = {"train": SplitStats(), "eval": SplitStats()}
     for s in scans:

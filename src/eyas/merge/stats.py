@@ -94,7 +94,16 @@ def dropped_text(dropped: dict[str, int]) -> str:
 def summary_table(stats: dict) -> Table:
     """The printed form of ``stats.json``: one row per dataset, then the totals."""
     table = Table(title="merged corpus")
-    columns = ("dataset", "train samples", "train tokens", "trainable", "eval samples", "eval tokens", "truncated", "dropped")
+    columns = (
+        "dataset",
+        "train samples",
+        "train tokens",
+        "trainable",
+        "eval samples",
+        "eval tokens",
+        "truncated",
+        "dropped",
+    )
     for column in columns:
         table.add_column(column, justify="left" if column in ("dataset", "dropped") else "right")
     for name, entry in [*stats["datasets"].items(), ("[bold]all", stats)]:

@@ -36,9 +36,7 @@ def iter_rows(dataset: DatasetConfig) -> Iterator[RawRow]:
             yield from _iter_file(f)
     elif path.is_file():
         if path.suffix not in FILE_SUFFIXES:
-            raise ConfigError(
-                f"datasets[{dataset.name}].source: {path} is not .jsonl, .json or .parquet"
-            )
+            raise ConfigError(f"datasets[{dataset.name}].source: {path} is not .jsonl, .json or .parquet")
         yield from _iter_file(path)
     elif dataset.source.startswith((".", "/", "~")) or path.suffix in FILE_SUFFIXES:
         raise ConfigError(f"datasets[{dataset.name}].source: {path} does not exist")
@@ -74,7 +72,7 @@ def _iter_json(path: Path) -> Iterator[RawRow]:
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
-        raise ConfigError(f"{path}: expected a JSON list of rows (or {{\"data\": [...]}})")
+        raise ConfigError(f'{path}: expected a JSON list of rows (or {{"data": [...]}})')
     for i, row in enumerate(data):
         yield RawRow(f"{path}:row {i}", row)
 
@@ -96,8 +94,7 @@ def _iter_hub(dataset: DatasetConfig) -> Iterator[RawRow]:
         data = datasets.load_dataset(dataset.source, dataset.subset, split=dataset.split, streaming=True)
     except Exception as e:  # datasets raises many unrelated types for "cannot load"
         raise ConfigError(
-            f"datasets[{dataset.name}].source: cannot load hub dataset {dataset.source!r} "
-            f"split {dataset.split!r}: {e}"
+            f"datasets[{dataset.name}].source: cannot load hub dataset {dataset.source!r} split {dataset.split!r}: {e}"
         ) from None
     for i, row in enumerate(data):
         yield RawRow(f"{dataset.source}[{dataset.split}]:row {i}", row)

@@ -22,11 +22,30 @@ log = logging.getLogger(__name__)
 
 SENTINEL = "\x00EYAS_USER_TURN\x00"
 TOPICS = (
-    "cooking", "programming in Python", "world history", "personal finance", "physics",
-    "travel planning", "writing emails", "health and fitness", "mathematics", "gardening",
-    "music", "learning a language", "job interviews", "biology", "movies and books",
-    "home repair", "climate and weather", "philosophy", "small business", "pets",
-    "chemistry", "geography", "productivity", "poetry",
+    "cooking",
+    "programming in Python",
+    "world history",
+    "personal finance",
+    "physics",
+    "travel planning",
+    "writing emails",
+    "health and fitness",
+    "mathematics",
+    "gardening",
+    "music",
+    "learning a language",
+    "job interviews",
+    "biology",
+    "movies and books",
+    "home repair",
+    "climate and weather",
+    "philosophy",
+    "small business",
+    "pets",
+    "chemistry",
+    "geography",
+    "productivity",
+    "poetry",
 )
 
 
@@ -95,7 +114,12 @@ def synthesize(
                     bar.update(task, advance=1, rate=len(seen) / max(time.monotonic() - started, 1e-9))
     log.info(
         "synthesized %d prompts into %s (sampled %d; dropped %d truncated, %d empty, %d duplicate)",
-        len(seen), out, stats["sampled"], stats["truncated"], stats["empty"], stats["duplicate"],
+        len(seen),
+        out,
+        stats["sampled"],
+        stats["truncated"],
+        stats["empty"],
+        stats["duplicate"],
     )
     if len(seen) < count:
         log.warning("only %d of %d prompts after %d rounds; rerun to top up", len(seen), count, max_rounds)

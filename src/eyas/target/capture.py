@@ -53,7 +53,10 @@ def check_aux_layers(aux_layers: list[int], num_layers: int, where: str = "extra
     if ids[0] != 1:
         log.warning(
             "%s: %s starts at %d, not 1; some SGLang versions shift the ids by one only when the first is 1, "
-            "so check acceptance under SGLang before serving", where, ids, ids[0],
+            "so check acceptance under SGLang before serving",
+            where,
+            ids,
+            ids[0],
         )
     return ids
 
@@ -154,7 +157,9 @@ def use_packing(model, packing: str) -> bool:
     return packing == "packed"
 
 
-def forward(model, samples: list[list[int]], aux_layers: list[int], packed: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def forward(
+    model, samples: list[list[int]], aux_layers: list[int], packed: bool
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The (aux [T, 3H], final [T, H]) of every sample in one batch, on the model's device."""
     device = next(model.parameters()).device
     lengths = [len(s) for s in samples]

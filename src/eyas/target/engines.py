@@ -42,13 +42,21 @@ class TransformersPrefill:
 
 @contextlib.contextmanager
 def open_prefill(
-    config: RunConfig, engine: str, aux_layers: list[int], num_layers: int, max_len: int, work_dir: Path, device: torch.device
+    config: RunConfig,
+    engine: str,
+    aux_layers: list[int],
+    num_layers: int,
+    max_len: int,
+    work_dir: Path,
+    device: torch.device,
 ) -> Iterator[Prefill]:
     """The target ready to capture samples of up to ``max_len`` tokens; vLLM's files go under ``work_dir``."""
     if engine == "vllm":
         from eyas.target.vllm_engine import VllmPrefill
 
-        with VllmPrefill(config, aux_layers, num_layers, max_len, work_dir / "vllm-staging", work_dir / "vllm.log") as prefill:
+        with VllmPrefill(
+            config, aux_layers, num_layers, max_len, work_dir / "vllm-staging", work_dir / "vllm.log"
+        ) as prefill:
             yield prefill
     else:
         from eyas.target import load_model

@@ -40,9 +40,7 @@ class ChatCodec:
         self.settings = settings
 
     def encode_prompt(self, messages: list[dict], tools: list | None = None) -> list[int]:
-        text = self.tokenizer.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False
-        )
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def _completion(self, new_ids: list[int], prompt_tokens: int, max_tokens: int) -> Completion:
@@ -66,7 +64,9 @@ class LocalGenerator(ChatCodec):
         self.device = next(model.parameters()).device
 
     @torch.inference_mode()
-    def generate_batch(self, prompts: Sequence[list[int]], seed: int, max_tokens: int | None = None) -> list[Completion]:
+    def generate_batch(
+        self, prompts: Sequence[list[int]], seed: int, max_tokens: int | None = None
+    ) -> list[Completion]:
         """Generate for prompts of any lengths at once (left-padded to the longest)."""
         s = self.settings
         width = max(len(p) for p in prompts)
@@ -74,12 +74,14 @@ class LocalGenerator(ChatCodec):
         ids = torch.full((len(prompts), width), pad, dtype=torch.long)
         mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for row, p in enumerate(prompts):
-            ids[row, width - len(p):] = torch.tensor(p)
-            mask[row, width - len(p):] = 1
+            ids[row, width - len(p) :] = torch.tensor(p)
+            mask[row, width - len(p) :] = 1
         torch.manual_seed(seed)
-        sampling = {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p} if s.temperature > 0 else {
-            "do_sample": False, "temperature": None, "top_p": None, "top_k": None
-        }
+        sampling = (
+            {"do_sample": True, "temperature": s.temperature, "top_p": s.top_p}
+            if s.temperature > 0
+            else {"do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+        )
         out = self.model.generate(
             input_ids=ids.to(self.device),
             attention_mask=mask.to(self.device),
@@ -90,7 +92,9 @@ class LocalGenerator(ChatCodec):
             tokenizer=self.tokenizer if s.stop else None,
             **sampling,
         )
-        return [self._completion(row[width:].tolist(), len(p), max_tokens or s.max_tokens) for row, p in zip(out, prompts)]
+        return [
+            self._completion(row[width:].tolist(), len(p), max_tokens or s.max_tokens) for row, p in zip(out, prompts)
+        ]
 
 
 def _strip_padding(ids: list[int], pad: int) -> list[int]:
@@ -114,7 +118,9 @@ class BatchGenerator(Protocol):
 
     settings: GenerateConfig
 
-    def generate_batch(self, prompts: Sequence[list[int]], seed: int, max_tokens: int | None = None) -> list[Completion]: ...
+    def generate_batch(
+        self, prompts: Sequence[list[int]], seed: int, max_tokens: int | None = None
+    ) -> list[Completion]: ...
 
 
 def run_jobs(
@@ -140,4 +146,3 @@ def run_jobs(
 
 def usage_of(completion: Completion) -> Usage:
     return Usage(prompt_tokens=completion.prompt_tokens, completion_tokens=len(completion.token_ids))
-

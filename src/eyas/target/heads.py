@@ -34,7 +34,9 @@ class TargetParts:
 
 
 def from_model(model) -> TargetParts:
-    return TargetParts(text_config(model.config), model.get_input_embeddings().weight, model.get_output_embeddings().weight)
+    return TargetParts(
+        text_config(model.config), model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    )
 
 
 def _pick(names: list[str], suffix: str) -> str | None:

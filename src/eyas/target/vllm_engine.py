@@ -49,9 +49,15 @@ class VllmGenerator(ChatCodec):
         }
         self._child = VllmChild("generate", vllm_python(config.target.vllm_python), settings, log_path)
 
-    def generate_batch(self, prompts: Sequence[list[int]], seed: int, max_tokens: int | None = None) -> list[Completion]:
+    def generate_batch(
+        self, prompts: Sequence[list[int]], seed: int, max_tokens: int | None = None
+    ) -> list[Completion]:
         limit = max_tokens or self.settings.max_tokens
-        request = {"prompts": [list(p) for p in prompts], "seeds": [seed + i for i in range(len(prompts))], "max_tokens": limit}
+        request = {
+            "prompts": [list(p) for p in prompts],
+            "seeds": [seed + i for i in range(len(prompts))],
+            "max_tokens": limit,
+        }
         outputs = self._child.ask(request)["outputs"]
         return [self._completion(ids, len(p), limit) for ids, p in zip(outputs, prompts)]
 
@@ -73,7 +79,9 @@ class VllmPrefill:
     checks its token ids, and applies the target's own final norm. A context manager.
     """
 
-    def __init__(self, config: RunConfig, aux_layers: list[int], num_layers: int, max_len: int, staging_dir: Path, log_path: Path):
+    def __init__(
+        self, config: RunConfig, aux_layers: list[int], num_layers: int, max_len: int, staging_dir: Path, log_path: Path
+    ):
         from eyas.target import dtype_name, load_final_norm
 
         x = config.extract
@@ -135,8 +143,11 @@ def speculative_decode(
     request = {
         **_served_target(config),
         "draft": str(draft_dir.resolve()) if draft_dir else None,
-        "draft_files": [[p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(draft_dir.iterdir()) if p.is_file()]
-        if draft_dir else [],
+        "draft_files": [
+            [p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(draft_dir.iterdir()) if p.is_file()
+        ]
+        if draft_dir
+        else [],
         # eyas's own eval ran the target in this dtype; vLLM must too for the outputs to match.
         "dtype": dtype,
         "seed": cfg.seed,
@@ -162,11 +173,15 @@ def speculative_decode(
     with log_path.open("w") as log_file:
         done = subprocess.run(
             [python, child_script("eval"), str(request_path), str(result_path)],
-            stdout=log_file, stderr=subprocess.STDOUT, cwd=out_dir,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            cwd=out_dir,
         )
     request_path.unlink(missing_ok=True)
     if done.returncode != 0 or not result_path.is_file():
-        raise VllmError(f"vLLM exited with {done.returncode} running {what}; last lines of {log_path}:\n{log_tail(log_path)}")
+        raise VllmError(
+            f"vLLM exited with {done.returncode} running {what}; last lines of {log_path}:\n{log_tail(log_path)}"
+        )
     return json.loads(result_path.read_text())
 
 

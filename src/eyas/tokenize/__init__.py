@@ -67,7 +67,9 @@ def run(config: RunConfig, quiet: bool = False, verify_ids: bool = False) -> dic
     return result
 
 
-def _tokenize_dataset(config: RunConfig, fmt: Format, source: Path, out_path: Path, verify_ids: bool, quiet: bool) -> DatasetReport:
+def _tokenize_dataset(
+    config: RunConfig, fmt: Format, source: Path, out_path: Path, verify_ids: bool, quiet: bool
+) -> DatasetReport:
     from eyas.tokenize.parquet import ParquetOut, table_of
     from eyas.tokenize.rebuild import Rebuilder
     from eyas.tokenize.verify import compare

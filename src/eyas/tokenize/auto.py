@@ -42,8 +42,10 @@ def _probe(encoder) -> Layout:
     plain = _after_prompt(encoder, gen, [user, {"role": "assistant", "content": ANSWER}])
     at = plain.find(ANSWER)
     if at < 0:
-        raise ConfigError("tokenize.format auto: the chat template does not render the assistant's answer; set tokenize.format")
-    suffix = plain[at + len(ANSWER):]
+        raise ConfigError(
+            "tokenize.format auto: the chat template does not render the assistant's answer; set tokenize.format"
+        )
+    suffix = plain[at + len(ANSWER) :]
     ends = [t for t in encoder.added_tokens if suffix.startswith(t)]
     if not ends:
         raise ConfigError(
@@ -67,7 +69,7 @@ def _after_prompt(encoder, gen: str, messages: list[dict]) -> str:
             "the answer does not start with the generation prompt), so the answer's ids cannot be separated; "
             "set tokenize.format explicitly"
         )
-    return full[len(gen):]
+    return full[len(gen) :]
 
 
 class AutoFormat(Format):

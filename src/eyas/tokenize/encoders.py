@@ -85,7 +85,9 @@ class HFEncoder:
     def render_chat(self, messages: list[dict], tools: list | None, add_generation_prompt: bool = True) -> str:
         return self.render_chats([messages], tools, add_generation_prompt)[0]
 
-    def render_chats(self, conversations: list[list[dict]], tools: list | None, add_generation_prompt: bool = True) -> list[str]:
+    def render_chats(
+        self, conversations: list[list[dict]], tools: list | None, add_generation_prompt: bool = True
+    ) -> list[str]:
         """Render several conversations that share ``tools`` in one template call."""
         if not self.chat_template:
             raise ConfigError("target.tokenizer: the tokenizer has no chat template to render prompts with")
@@ -143,5 +145,3 @@ class TiktokenEncoder:
 
     def decode(self, ids: list[int]) -> str:
         return self.encoding.decode(ids)
-
-

@@ -28,9 +28,13 @@ def table_of(samples: list[Sample], fmt: str) -> pa.Table:
         dtype=np.int32,
         count=int(lengths.sum()),
     )
-    mask = np.concatenate(
-        [np.repeat(np.array([0, 1], dtype=np.uint8), [len(s.prompt_ids), len(s.completion_ids)]) for s in samples]
-    ) if samples else np.zeros(0, dtype=np.uint8)
+    mask = (
+        np.concatenate(
+            [np.repeat(np.array([0, 1], dtype=np.uint8), [len(s.prompt_ids), len(s.completion_ids)]) for s in samples]
+        )
+        if samples
+        else np.zeros(0, dtype=np.uint8)
+    )
     columns = [
         pa.array([s.record.id for s in samples], pa.string()),
         pa.array([s.record.dataset for s in samples], pa.string()),

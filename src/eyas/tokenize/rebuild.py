@@ -173,7 +173,12 @@ class Rebuilder:
                     owners.append(s)
                     seqs.append(seq)
                     tags.append(flags)
-                if self.stop_strings and s.record.finish_reason == "stop" and seq and seq[-1] == self.fmt.end_of_turn_id:
+                if (
+                    self.stop_strings
+                    and s.record.finish_reason == "stop"
+                    and seq
+                    and seq[-1] == self.fmt.end_of_turn_id
+                ):
                     # A configured stop string ends a turn without the end-of-turn token.
                     owners.append(s)
                     seqs.append(seq[:-1])
@@ -236,7 +241,7 @@ class Rebuilder:
             tail = prompt[-1][-SEAM_TAIL_CHARS:]
             if type(prompt[-1]) is Markup and self.fmt.added_pattern is not None:
                 cut = [m.end() for m in self.fmt.added_pattern.finditer(tail)]
-                tail = tail[cut[-1]:] if cut else tail
+                tail = tail[cut[-1] :] if cut else tail
             head = completion[0][:SEAM_HEAD_CHARS]
             if tail and head:
                 checks.append((s, tail, head))

@@ -147,7 +147,9 @@ def details(report: DatasetReport, limit: int = 20) -> list[str]:
             "other edges matched billing as well; the format's documented separator was kept (else the first tried)"
         )
     if report.mismatch_causes:
-        lines.append(f"{name}: mismatch causes " + ", ".join(f"{k} {v}" for k, v in report.mismatch_causes.most_common()))
+        lines.append(
+            f"{name}: mismatch causes " + ", ".join(f"{k} {v}" for k, v in report.mismatch_causes.most_common())
+        )
     for m in report.mismatches[:limit]:
         lines.append(
             f"  mismatch {m['id']} ({m['finish_reason']}) at completion token {m['position']}: "

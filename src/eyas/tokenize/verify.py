@@ -48,7 +48,9 @@ def compare(sample: Sample, encoder) -> Mismatch | None:
     def token(ids: list[int]) -> str | None:
         return encoder.token_str(ids[pos]) if pos < len(ids) else None
 
-    return Mismatch(sample.record.id, sample.record.finish_reason, pos, token(truth), token(rebuilt), _cause(sample, encoder))
+    return Mismatch(
+        sample.record.id, sample.record.finish_reason, pos, token(truth), token(rebuilt), _cause(sample, encoder)
+    )
 
 
 def _cause(sample: Sample, encoder) -> str:

@@ -79,7 +79,13 @@ def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: boo
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_sglang(weights, drafter.spec, tmp)
-    state = {"step": step, "optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rng_state(), "fingerprint": fingerprint}
+    state = {
+        "step": step,
+        "optimizer": optim,
+        "scheduler": scheduler.state_dict(),
+        "rng": rng_state(),
+        "fingerprint": fingerprint,
+    }
     torch.save(state, tmp / STATE_FILE)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
@@ -105,7 +111,10 @@ def restore(path: Path, drafter, optimizer, scheduler, fingerprint: dict) -> int
     weights = load_file(str(path / WEIGHTS_FILE))
     drafter.check_weights(weights, str(path))
     set_state_dict(
-        drafter, optimizer, model_state_dict=weights, optim_state_dict=state["optimizer"],
+        drafter,
+        optimizer,
+        model_state_dict=weights,
+        optim_state_dict=state["optimizer"],
         options=StateDictOptions(full_state_dict=True, strict=False),
     )
     scheduler.load_state_dict(state["scheduler"])

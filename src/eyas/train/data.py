@@ -49,7 +49,10 @@ def read_split(paths: RunPaths, split: str, max_seq_len: int) -> list[Sample]:
     from eyas.merge.reader import iter_split
 
     return [
-        Sample(np.asarray(row["input_ids"][:max_seq_len], dtype=np.int64), np.asarray(row["loss_mask"][:max_seq_len], dtype=bool))
+        Sample(
+            np.asarray(row["input_ids"][:max_seq_len], dtype=np.int64),
+            np.asarray(row["loss_mask"][:max_seq_len], dtype=bool),
+        )
         for row in iter_split(paths, split, columns=["input_ids", "loss_mask"])
     ]
 
@@ -80,7 +83,9 @@ class OnlineSource:
     epochs after the first skip the target entirely.
     """
 
-    def __init__(self, samples: list[Sample], model, aux_layers: list[int], device: torch.device, cache: bool = False) -> None:
+    def __init__(
+        self, samples: list[Sample], model, aux_layers: list[int], device: torch.device, cache: bool = False
+    ) -> None:
         self.samples, self.model, self.aux_layers, self.device = samples, model, aux_layers, device
         self.cache: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = {} if cache else None
 
@@ -108,7 +113,9 @@ class OnlineSource:
                 one = torch.from_numpy(self.samples[i].input_ids)[None].to(self.device)
                 states = capture(self.model, one, aux_layers=self.aux_layers)
                 self.cache[i] = (states.aux[0].clone(), states.final[0].clone())
-        return stack_padded([self.cache[i][0] for i in indices], length), stack_padded([self.cache[i][1] for i in indices], length)
+        return stack_padded([self.cache[i][0] for i in indices], length), stack_padded(
+            [self.cache[i][1] for i in indices], length
+        )
 
 
 class OfflineSource:
@@ -141,7 +148,9 @@ class OfflineSource:
     def batch(self, indices: list[int]) -> Batch:
         items = [self.states[i] for i in indices]
         n = self.max_seq_len
-        samples = [Sample(np.asarray(s.input_ids[:n], dtype=np.int64), np.asarray(s.loss_mask[:n], dtype=bool)) for s in items]
+        samples = [
+            Sample(np.asarray(s.input_ids[:n], dtype=np.int64), np.asarray(s.loss_mask[:n], dtype=bool)) for s in items
+        ]
         ids, mask = pad(samples, self.device)
         aux = stack_padded([s.aux[:n] for s in items], ids.shape[1]).to(self.device)
         final = stack_padded([s.final[:n] for s in items], ids.shape[1]).to(self.device)

@@ -41,7 +41,10 @@ def batch_stats(forward, drafter, batch, head: TargetHead, steps: int) -> list[S
 def totals(stats: list[StepStats]) -> torch.Tensor:
     """[4, steps]: loss sums, loss counts, hits, scored positions (detached, float64)."""
     return torch.stack(
-        [torch.stack([getattr(s, f).detach().double() for s in stats]) for f in ("loss_sum", "loss_count", "correct", "scored")]
+        [
+            torch.stack([getattr(s, f).detach().double() for s in stats])
+            for f in ("loss_sum", "loss_count", "correct", "scored")
+        ]
     )
 
 

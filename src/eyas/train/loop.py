@@ -52,7 +52,13 @@ class WarmupCosine:
 
 
 RESUMABLE_CHANGES = {
-    "epochs", "max_steps", "checkpoint_every", "eval_every", "eval_with_target", "parallel", "cache_states",
+    "epochs",
+    "max_steps",
+    "checkpoint_every",
+    "eval_every",
+    "eval_with_target",
+    "parallel",
+    "cache_states",
 }
 """``train.*`` keys a run may change between resumes: its length, its reporting, how it is parallelised or fed."""
 
@@ -63,7 +69,9 @@ def fingerprint(config: RunConfig, aux_layers: list[int]) -> dict:
     return {**keys, "target.model": config.target.model, "aux_layers": list(aux_layers)}
 
 
-def prepare_vocab(config: RunConfig, paths: RunPaths, vocab_size: int, world: World) -> tuple[torch.Tensor, torch.Tensor]:
+def prepare_vocab(
+    config: RunConfig, paths: RunPaths, vocab_size: int, world: World
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The run's draft vocabulary: reused when saved, else counted from the train split."""
     from eyas.merge.reader import iter_split
 
@@ -77,7 +85,9 @@ def prepare_vocab(config: RunConfig, paths: RunPaths, vocab_size: int, world: Wo
                 f"{size} of {vocab_size}; delete {paths.train_dir} to start over"
             )
         return d2t, t2d
-    d2t, t2d = build_vocab(count_answer_tokens(iter_split(paths, "train", ["input_ids", "loss_mask"]), vocab_size), size)
+    d2t, t2d = build_vocab(
+        count_answer_tokens(iter_split(paths, "train", ["input_ids", "loss_mask"]), vocab_size), size
+    )
     if world.is_main:
         save_vocab(path, d2t, t2d)
     return d2t, t2d
@@ -110,7 +120,9 @@ def build_source(config: RunConfig, paths: RunPaths, model, world: World):
     return source, aux_layers
 
 
-def build_eval_source(config: RunConfig, paths: RunPaths, model, aux_layers: list[int], world: World) -> OnlineSource | None:
+def build_eval_source(
+    config: RunConfig, paths: RunPaths, model, aux_layers: list[int], world: World
+) -> OnlineSource | None:
     """The held-out split run through the target, or None (with a warning) when there is none to score."""
     eval_samples = read_split(paths, "eval", config.train.max_seq_len) if model is not None else []
     if eval_samples:
@@ -191,9 +203,20 @@ def build(config: RunConfig, world: World) -> Trainer:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(total, round(cfg.warmup_ratio * total)))
     used = torch.arange(d2t.shape[0], device=world.device) + d2t.to(world.device)
     return Trainer(
-        cfg=cfg, world=world, paths=paths, drafter=drafter, forward=forward, params=params, optimizer=optimizer,
-        scheduler=scheduler, source=source, eval_source=eval_source, schedule=schedule,
-        head=TargetHead(parts.lm_head, used, t2d.to(world.device)), total=total, fingerprint=fingerprint(config, aux_layers),
+        cfg=cfg,
+        world=world,
+        paths=paths,
+        drafter=drafter,
+        forward=forward,
+        params=params,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        source=source,
+        eval_source=eval_source,
+        schedule=schedule,
+        head=TargetHead(parts.lm_head, used, t2d.to(world.device)),
+        total=total,
+        fingerprint=fingerprint(config, aux_layers),
         step_weights=torch.tensor([cfg.step_weight**k for k in range(cfg.ttt_steps)], dtype=torch.float64),
         autocast=autocast_for(world.device),
     )
@@ -258,7 +281,13 @@ def run_eval(trainer: Trainer) -> None:
         return
     cfg = trainer.cfg
     scores = evaluate(
-        trainer.drafter, trainer.eval_source, trainer.head, cfg.ttt_steps, cfg.batch_size, trainer.world, trainer.autocast
+        trainer.drafter,
+        trainer.eval_source,
+        trainer.head,
+        cfg.ttt_steps,
+        cfg.batch_size,
+        trainer.world,
+        trainer.autocast,
     )
     trainer.last_eval = {"split": "eval", "step": trainer.step, **scores}
     trainer.metrics.write(trainer.last_eval)
@@ -270,8 +299,13 @@ def run_eval(trainer: Trainer) -> None:
 def save_checkpoint(trainer: Trainer) -> None:
     """Every rank takes part (FSDP gathers collectively) and waits until rank 0 has written it."""
     checkpoint.save(
-        trainer.paths.train_dir, trainer.step, trainer.drafter, trainer.optimizer, trainer.scheduler,
-        trainer.world.is_main, trainer.fingerprint,
+        trainer.paths.train_dir,
+        trainer.step,
+        trainer.drafter,
+        trainer.optimizer,
+        trainer.scheduler,
+        trainer.world.is_main,
+        trainer.fingerprint,
     )
     trainer.world.barrier()
 
@@ -300,8 +334,12 @@ def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int 
         while trainer.step < stop_at:
             row = train_step(trainer)
             trainer.metrics.write(row)
-            bar.update(task, advance=1, rate=row["tokens_per_s"],
-                       description=f"train loss {row['loss']:.3f} acc {' '.join(f'{a:.2f}' for a in row['acc'][:3])}")
+            bar.update(
+                task,
+                advance=1,
+                rate=row["tokens_per_s"],
+                description=f"train loss {row['loss']:.3f} acc {' '.join(f'{a:.2f}' for a in row['acc'][:3])}",
+            )
             if trainer.step % cfg.checkpoint_every == 0 or trainer.step == stop_at:
                 save_checkpoint(trainer)
             if trainer.step % cfg.eval_every == 0 and trainer.step < total:

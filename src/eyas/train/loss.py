@@ -30,8 +30,14 @@ class Targets:
 
 
 @torch.no_grad()
-def target_distribution(final: torch.Tensor, lm_head: torch.Tensor, used: torch.Tensor, t2d: torch.Tensor,
-                        needed: torch.Tensor, rows_per_chunk: int = 512) -> Targets:
+def target_distribution(
+    final: torch.Tensor,
+    lm_head: torch.Tensor,
+    used: torch.Tensor,
+    t2d: torch.Tensor,
+    needed: torch.Tensor,
+    rows_per_chunk: int = 512,
+) -> Targets:
     """Target outputs at the positions marked ``needed`` only (the full-vocabulary product
     is the costliest part of a CPU step, and prompt positions never carry loss)."""
     b, t, _ = final.shape
@@ -67,7 +73,9 @@ def shifted(x: torch.Tensor, by: int, fill=0) -> torch.Tensor:
     return F.pad(x[:, by:], (0, by) if x.ndim == 2 else (0, 0, 0, by), value=fill)
 
 
-def step_stats(logits: torch.Tensor, step: int, loss_mask: torch.Tensor, targets: Targets, d2t: torch.Tensor) -> StepStats:
+def step_stats(
+    logits: torch.Tensor, step: int, loss_mask: torch.Tensor, targets: Targets, d2t: torch.Tensor
+) -> StepStats:
     """Soft cross-entropy sum and top-1 hits of step ``step``'s logits [B,T,V_draft]."""
     answer = shifted(loss_mask, step + 2, False)
     probs = shifted(targets.probs, step + 1)

@@ -68,7 +68,9 @@ async def resolve_pricing(config: RunConfig, transport) -> Pricing | None:
             "set generate.prices"
         ) from None
     if pricing is None:
-        raise ConfigError(f"generate.provider_policy: no endpoint of {g.model} passes the policy, nothing to budget with")
+        raise ConfigError(
+            f"generate.provider_policy: no endpoint of {g.model} passes the policy, nothing to budget with"
+        )
     return pricing
 
 
@@ -80,7 +82,9 @@ def exclusive(lock: Path) -> Iterator[None]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise StageError(f"{lock.parent}: another eyas generate is running on this run_dir; let it finish or stop it") from None
+            raise StageError(
+                f"{lock.parent}: another eyas generate is running on this run_dir; let it finish or stop it"
+            ) from None
         yield  # the lock goes with the file descriptor, also when the process is killed
 
 
@@ -111,7 +115,10 @@ async def _run(config: RunConfig, paths: RunPaths, api_key: str | None, quiet: b
 
     g = config.generate
     async with Transport(
-        concurrency=g.concurrency, api_key=api_key, read_timeout_s=g.read_timeout_s, request_timeout_s=g.request_timeout_s
+        concurrency=g.concurrency,
+        api_key=api_key,
+        read_timeout_s=g.read_timeout_s,
+        request_timeout_s=g.request_timeout_s,
     ) as transport:
         pricing = await resolve_pricing(config, transport)
         ledger = Ledger(paths.ledger, g.budget_usd)
@@ -158,11 +165,19 @@ def _report(engine, ledger: Ledger) -> None:
     for ds in engine.datasets:
         log.info(
             "%s: %d records this run (%d in all), %d completion tokens in all, %d failed (see %s)",
-            ds.name, ds.records, len(ds.progress.done), ds.progress.completion_tokens, ds.failed,
+            ds.name,
+            ds.records,
+            len(ds.progress.done),
+            ds.progress.completion_tokens,
+            ds.failed,
             engine.paths.generation_errors(ds.name).name,
         )
         if ds.truncated:
-            log.warning("%s: %d answers hit max_tokens (finish_reason length); kept and flagged, not re-bought", ds.name, ds.truncated)
+            log.warning(
+                "%s: %d answers hit max_tokens (finish_reason length); kept and flagged, not re-bought",
+                ds.name,
+                ds.truncated,
+            )
     budget = f" of ${ledger.budget_usd:.2f}" if ledger.budget_usd else ""
     extra = f" (+ ${ledger.possibly_spent:.4f} possibly spent by interrupted runs)" if ledger.possibly_spent else ""
     log.info("spent $%.4f%s%s", ledger.spent, budget, extra)

@@ -113,7 +113,9 @@ class Ledger:
         if leftovers:
             log.warning(
                 "ledger: %d requests were in flight when an earlier run stopped; their reserved $%.4f "
-                "is counted as possibly spent", len(leftovers), sum(leftovers.values()),
+                "is counted as possibly spent",
+                len(leftovers),
+                sum(leftovers.values()),
             )
         self._compact()
         self._journal = DurableAppender(path)
@@ -129,8 +131,11 @@ class Ledger:
     def _compact(self) -> None:
         sp = self.spending
         snapshot = {
-            "e": "snapshot", "spent": sp.spent, "possibly_spent": sp.possibly_spent,
-            "by_dataset": dict(sp.by_dataset), "by_provider": dict(sp.by_provider),
+            "e": "snapshot",
+            "spent": sp.spent,
+            "possibly_spent": sp.possibly_spent,
+            "by_dataset": dict(sp.by_dataset),
+            "by_provider": dict(sp.by_provider),
         }
         write_text_atomic(self.path, json.dumps(snapshot) + "\n")
 

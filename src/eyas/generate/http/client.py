@@ -90,7 +90,9 @@ class Transport:
                 if resp.status != 200:
                     raise RequestFailure(self._http_failure(resp.status, raw, resp.headers.get("Retry-After")))
         except (asyncio.TimeoutError, aiohttp.ClientError, OSError) as e:
-            raise RequestFailure(Failure(Cause.CONNECTION, self._scrub(f"GET {url}: {type(e).__name__}: {e}"))) from None
+            raise RequestFailure(
+                Failure(Cause.CONNECTION, self._scrub(f"GET {url}: {type(e).__name__}: {e}"))
+            ) from None
         try:
             return json.loads(raw)
         except ValueError:

@@ -124,6 +124,10 @@ def plan_command(config_path: Path, apply: bool) -> None:
         return
     if apply:
         apply_targets(config_path, plan)
-        console.print(f"wrote the proposed output_token_target values into {config_path} (previous version: {config_path}.bak)")
+        console.print(
+            f"wrote the proposed output_token_target values into {config_path} (previous version: {config_path}.bak)"
+        )
     else:
-        console.print("over budget: rerun with --apply to write the proposed output_token_target values into the config")
+        console.print(
+            "over budget: rerun with --apply to write the proposed output_token_target values into the config"
+        )

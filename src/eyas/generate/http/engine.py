@@ -24,7 +24,14 @@ from eyas.config import DatasetConfig, RunConfig
 from eyas.generate.http.budget import Ledger, Pricing, estimate_prompt_tokens
 from eyas.generate.http.client import Transport
 from eyas.generate.http.errlog import ErrorLog
-from eyas.generate.http.errors import BudgetReached, Cause, CreditsExhausted, RequestFailure, RequestRejected, RunStopped
+from eyas.generate.http.errors import (
+    BudgetReached,
+    Cause,
+    CreditsExhausted,
+    RequestFailure,
+    RequestRejected,
+    RunStopped,
+)
 from eyas.generate.http.providers import provider_object
 from eyas.generate.http.response import Reply
 from eyas.generate.http.retry import RetryPolicy
@@ -88,7 +95,13 @@ class Outcome:
 def request_template(config: RunConfig) -> dict[str, Any]:
     """The fields every request shares; messages and tools are added per prompt."""
     g = config.generate
-    body: dict[str, Any] = {"model": g.model, "max_tokens": g.max_tokens, "temperature": g.temperature, "top_p": g.top_p, "seed": g.seed}
+    body: dict[str, Any] = {
+        "model": g.model,
+        "max_tokens": g.max_tokens,
+        "temperature": g.temperature,
+        "top_p": g.top_p,
+        "seed": g.seed,
+    }
     if g.stop:
         body["stop"] = list(g.stop)
     if g.reasoning is not None:
@@ -196,7 +209,11 @@ class Engine:
                 if ds.parked and ds.in_flight:
                     return False  # later turns wait for turns in flight
                 if ds.parked:
-                    log.warning("%s: %d later turns wait for earlier turns that failed; a rerun retries them", ds.name, len(ds.parked))
+                    log.warning(
+                        "%s: %d later turns wait for earlier turns that failed; a rerun retries them",
+                        ds.name,
+                        len(ds.parked),
+                    )
                 return True
             if prompt.record_id in ds.progress.done:
                 continue
@@ -212,15 +229,21 @@ class Engine:
         """Start one request; False when the run must stop launching."""
         await self.slots.acquire()
         key = prompt.record_id
-        reserve = self.pricing.cost(estimate_prompt_tokens(messages, prompt.tools), self.g.max_tokens) if self.pricing else 0.0
+        reserve = (
+            self.pricing.cost(estimate_prompt_tokens(messages, prompt.tools), self.g.max_tokens)
+            if self.pricing
+            else 0.0
+        )
         while not self.ledger.reserve(key, reserve):
             if self.stop_reason is None and not self.ledger.reserved:
                 # Nothing in flight will hand money back: the budget is spent.
-                self.stop(BudgetReached(
-                    f"budget reached: ${self.ledger.committed:.4f} spent or possibly spent of generate.budget_usd "
-                    f"${self.g.budget_usd:.2f}, and the next request may cost up to ${reserve:.4f}; "
-                    "raise generate.budget_usd and rerun to continue"
-                ))
+                self.stop(
+                    BudgetReached(
+                        f"budget reached: ${self.ledger.committed:.4f} spent or possibly spent of generate.budget_usd "
+                        f"${self.g.budget_usd:.2f}, and the next request may cost up to ${reserve:.4f}; "
+                        "raise generate.budget_usd and rerun to continue"
+                    )
+                )
             if self.stop_reason is not None:
                 self.slots.release()
                 return False
@@ -271,14 +294,18 @@ class Engine:
                         return
                     self.retries[failure.cause.value] += 1
                     await asyncio.sleep(delay)
-                    if self.stop_reason is not None and isinstance(self.stop_reason, (CreditsExhausted, RequestRejected)):
+                    if self.stop_reason is not None and isinstance(
+                        self.stop_reason, (CreditsExhausted, RequestRejected)
+                    ):
                         return
                     continue
                 finally:
                     server.in_flight -= 1
                 self.pool.succeeded(server)
                 self.slots.grow()
-                outcome.record, outcome.cost = self._record(prompt, messages, reply, server.base_url, time.monotonic() - started, attempt)
+                outcome.record, outcome.cost = self._record(
+                    prompt, messages, reply, server.base_url, time.monotonic() - started, attempt
+                )
                 return
         except asyncio.CancelledError:
             outcome.abandoned = True
@@ -289,9 +316,11 @@ class Engine:
 
     def _on_failure(self, failure, attempt: int) -> float | None:
         if failure.cause is Cause.CREDITS:
-            self.stop(CreditsExhausted(
-                f"the account has no credits left ({failure.message}); add credits and rerun the same command to resume"
-            ))
+            self.stop(
+                CreditsExhausted(
+                    f"the account has no credits left ({failure.message}); add credits and rerun the same command to resume"
+                )
+            )
             return None
         if failure.cause is Cause.REJECTED:
             self.stop(RequestRejected(f"the server rejects the requests ({failure.message}); fix the config and rerun"))
@@ -307,9 +336,18 @@ class Engine:
         if not reply.cost_reported and self.pricing is not None:
             usage.cost = self.pricing.cost(usage.prompt_tokens, usage.completion_tokens)
         record = make_record(
-            prompt, messages, content=reply.content, finish_reason=reply.finish_reason, model=self.g.model,
-            provider=reply.provider or server, usage=usage, reasoning=reply.reasoning, tool_calls=reply.tool_calls,
-            generation_id=reply.generation_id, latency_s=round(latency, 3), attempts=attempts,
+            prompt,
+            messages,
+            content=reply.content,
+            finish_reason=reply.finish_reason,
+            model=self.g.model,
+            provider=reply.provider or server,
+            usage=usage,
+            reasoning=reply.reasoning,
+            tool_calls=reply.tool_calls,
+            generation_id=reply.generation_id,
+            latency_s=round(latency, 3),
+            attempts=attempts,
         )
         return record, usage.cost
 
@@ -354,6 +392,12 @@ def _previous_turn(prompt_id: str) -> str:
 
 def _error_entry(prompt: PromptRecord, failure, attempts: int) -> dict[str, Any]:
     return {
-        "id": prompt.record_id, "dataset": prompt.dataset, "prompt_id": prompt.prompt_id, "cause": failure.cause.value,
-        "status": failure.status, "message": failure.message, "attempts": attempts, "time": time.time(),
+        "id": prompt.record_id,
+        "dataset": prompt.dataset,
+        "prompt_id": prompt.prompt_id,
+        "cause": failure.cause.value,
+        "status": failure.status,
+        "message": failure.message,
+        "attempts": attempts,
+        "time": time.time(),
     }

@@ -43,8 +43,12 @@ class LiveProgress:
     def __init__(self, engine: Engine, quiet: bool):
         self.engine = engine
         self.bar = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[line]}"),
-            console=console, disable=quiet, transient=False,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[line]}"),
+            console=console,
+            disable=quiet,
+            transient=False,
         )
         self.tasks = {ds.name: self.bar.add_task(ds.name, total=None, line="") for ds in engine.datasets}
         self.summary = self.bar.add_task("spend", total=None, line="")

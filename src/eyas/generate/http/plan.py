@@ -80,7 +80,10 @@ def make_plan(inputs: list[DatasetInputs], pricing: Pricing, budget_usd: float |
         return Plan(plans, budget_usd, spent_usd)
     # Cost is linear in each dataset's output (its requests scale with it), so one factor fits all.
     factor = budget_usd / total
-    scaled = [DatasetPlan(p.inputs, p.output_tokens, p.requests, p.cost_usd, _round_down(p.output_tokens * factor)) for p in plans]
+    scaled = [
+        DatasetPlan(p.inputs, p.output_tokens, p.requests, p.cost_usd, _round_down(p.output_tokens * factor))
+        for p in plans
+    ]
     return Plan(scaled, budget_usd, spent_usd)
 
 
@@ -91,14 +94,29 @@ def plan_table(plan: Plan, pricing: Pricing) -> Table:
         title=f"projected cost ${plan.cost_usd:,.2f} vs {budget} ({verdict}); spent so far ${plan.spent_usd:,.4f}",
         caption=f"priced at ${pricing.prompt * 1e6:.3f}/M input, ${pricing.completion * 1e6:.3f}/M output",
     )
-    for col in ("dataset", "prompts", "prompt tok", "output tok/req", "target", "output tok", "requests", "cost $", "proposed target"):
+    for col in (
+        "dataset",
+        "prompts",
+        "prompt tok",
+        "output tok/req",
+        "target",
+        "output tok",
+        "requests",
+        "cost $",
+        "proposed target",
+    ):
         t.add_column(col, justify="left" if col == "dataset" else "right")
     for p in plan.datasets:
         d = p.inputs
         t.add_row(
-            d.name, f"{d.prompts:,}", f"{d.mean_prompt_tokens:,.0f}",
+            d.name,
+            f"{d.prompts:,}",
+            f"{d.mean_prompt_tokens:,.0f}",
             f"{d.mean_output_tokens:,.0f}" + ("" if d.output_seen else " (max)"),
-            f"{d.target:,}" if d.target else "-", f"{p.output_tokens:,}", f"{p.requests:,}", f"{p.cost_usd:,.2f}",
+            f"{d.target:,}" if d.target else "-",
+            f"{p.output_tokens:,}",
+            f"{p.requests:,}",
+            f"{p.cost_usd:,.2f}",
             f"{p.proposed_target:,}" if p.proposed_target is not None else "-",
         )
     return t

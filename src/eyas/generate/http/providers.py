@@ -137,14 +137,32 @@ def _opt(value: float | int | None, fmt: str) -> str:
 
 def endpoints_table(model: str, endpoints: list[Endpoint], provider: dict[str, Any] | None) -> Table:
     t = Table(title=f"{model}: {len(endpoints)} endpoints, {len(allowed(endpoints, provider))} allowed by the policy")
-    for col in ("provider", "tag", "quant", "$/M in", "$/M out", "context", "max out", "uptime %", "p50 tok/s", "policy"):
+    for col in (
+        "provider",
+        "tag",
+        "quant",
+        "$/M in",
+        "$/M out",
+        "context",
+        "max out",
+        "uptime %",
+        "p50 tok/s",
+        "policy",
+    ):
         t.add_column(col, justify="left" if col in ("provider", "tag", "quant", "policy") else "right")
     for e in sorted(endpoints, key=lambda e: (e.completion_usd_per_m, e.tag)):
         why = rejection(e, provider)
         t.add_row(
-            e.provider, e.tag, e.quantization, f"{e.prompt_usd_per_m:.3f}", f"{e.completion_usd_per_m:.3f}",
-            _opt(e.context_length, ","), _opt(e.max_completion_tokens, ","), _opt(e.uptime, ".1f"),
-            _opt(e.throughput_p50, ".1f"), "[green]allowed[/]" if why is None else f"[red]excluded[/]: {why}",
+            e.provider,
+            e.tag,
+            e.quantization,
+            f"{e.prompt_usd_per_m:.3f}",
+            f"{e.completion_usd_per_m:.3f}",
+            _opt(e.context_length, ","),
+            _opt(e.max_completion_tokens, ","),
+            _opt(e.uptime, ".1f"),
+            _opt(e.throughput_p50, ".1f"),
+            "[green]allowed[/]" if why is None else f"[red]excluded[/]: {why}",
         )
     return t
 

@@ -143,7 +143,9 @@ class StreamAssembler:
                 self.finish_reason = choice["finish_reason"]
 
     def _merge_tool_call(self, call: dict[str, Any]) -> None:
-        slot = self.tool_calls.setdefault(call.get("index", len(self.tool_calls)), {"type": "function", "function": {"name": "", "arguments": ""}})
+        slot = self.tool_calls.setdefault(
+            call.get("index", len(self.tool_calls)), {"type": "function", "function": {"name": "", "arguments": ""}}
+        )
         if call.get("id"):
             slot["id"] = call["id"]
         fn = call.get("function") or {}

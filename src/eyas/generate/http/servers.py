@@ -30,7 +30,9 @@ class Server:
 
 
 class ServerPool:
-    def __init__(self, base_urls: list[str], failures_to_cool: int = 3, cooldown_s: float = 5.0, max_cooldown_s: float = 120.0):
+    def __init__(
+        self, base_urls: list[str], failures_to_cool: int = 3, cooldown_s: float = 5.0, max_cooldown_s: float = 120.0
+    ):
         self.servers = [Server(u) for u in base_urls]
         self.failures_to_cool = failures_to_cool
         self.cooldown_s = cooldown_s
@@ -55,4 +57,9 @@ class ServerPool:
         if excess >= 0:
             pause = min(self.max_cooldown_s, self.cooldown_s * 2**excess)
             server.cool_until = now + pause
-            log.warning("%s failed %d times in a row; cooling it down for %.0f s", server.base_url, server.consecutive_failures, pause)
+            log.warning(
+                "%s failed %d times in a row; cooling it down for %.0f s",
+                server.base_url,
+                server.consecutive_failures,
+                pause,
+            )

@@ -41,7 +41,9 @@ class Slots:
             return
         self._last_shrink = now
         self.limit = max(1.0, min(self.limit, self.used) * 0.75)
-        log.warning("too much in flight for the account (402 in_flight_budget_exhausted): limit now %d", int(self.limit))
+        log.warning(
+            "too much in flight for the account (402 in_flight_budget_exhausted): limit now %d", int(self.limit)
+        )
 
     def grow(self) -> None:
         if self.limit < self.max:

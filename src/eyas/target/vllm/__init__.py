@@ -89,7 +89,12 @@ class VllmChild:
         with log_path.open("a") as log_file:
             self._process = subprocess.Popen(
                 [python, child_script(name), self._settings_path, str(write_fd)],
-                stdin=subprocess.PIPE, stdout=log_file, stderr=subprocess.STDOUT, pass_fds=(write_fd,), text=True, env=env,
+                stdin=subprocess.PIPE,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                pass_fds=(write_fd,),
+                text=True,
+                env=env,
                 preexec_fn=_die_with_parent,
             )
         os.close(write_fd)
@@ -109,7 +114,9 @@ class VllmChild:
         line = self._answers.readline()
         if not line:
             self._process.wait()
-            raise VllmError(f"vLLM exited with {self._process.returncode}; last lines of {self.log_path}:\n{log_tail(self.log_path)}")
+            raise VllmError(
+                f"vLLM exited with {self._process.returncode}; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
+            )
         return json.loads(line)
 
     def close(self) -> None:

@@ -59,7 +59,9 @@ def main(request_path: str, result_path: str) -> None:
             "method": "eagle3",
             "model": request["draft"],
             "num_speculative_tokens": request["num_speculative_tokens"],
-        } if request["draft"] else None,
+        }
+        if request["draft"]
+        else None,
     )
     loaded = time.perf_counter()
     params = [

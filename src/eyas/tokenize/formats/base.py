@@ -88,7 +88,9 @@ class Format:
         added = sorted(encoder.added_tokens, key=len, reverse=True)
         self.added_pattern = re.compile("(" + "|".join(map(re.escape, added)) + ")") if added else None
         present = [m for m in self.emitted if m in self.ids]
-        self._markers = re.compile("|".join(map(re.escape, sorted(present, key=len, reverse=True)))) if present else None
+        self._markers = (
+            re.compile("|".join(map(re.escape, sorted(present, key=len, reverse=True)))) if present else None
+        )
 
     @property
     def end_of_turn_id(self) -> int:

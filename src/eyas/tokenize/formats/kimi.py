@@ -27,7 +27,16 @@ CALL_BEGIN, ARG_BEGIN, CALL_END = "<|tool_call_begin|>", "<|tool_call_argument_b
 TOOL_MARKERS = (SECTION_BEGIN, SECTION_END, CALL_BEGIN, ARG_BEGIN, CALL_END)
 _WELL_FORMED = re.compile(r"^(S(BAE)+Z)*$")
 _MARKER_LETTER = {SECTION_BEGIN: "S", SECTION_END: "Z", CALL_BEGIN: "B", ARG_BEGIN: "A", CALL_END: "E"}
-_CHECKED = ("<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>", "<think>", "</think>", *TOOL_MARKERS)
+_CHECKED = (
+    "<|im_end|>",
+    "<|im_user|>",
+    "<|im_assistant|>",
+    "<|im_system|>",
+    "<|im_middle|>",
+    "<think>",
+    "</think>",
+    *TOOL_MARKERS,
+)
 
 
 class KimiK25(Format):
