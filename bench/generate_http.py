@@ -6,7 +6,7 @@ time is R / C × latency (20,000 / 2,000 × 5 s = 50 s). Each client runs in its
 so CPU-seconds (user + system, from getrusage) and peak RSS are its own:
 
 - eyas: the real ``eyas.generate.run`` on a 20,000-prompt dataset (prompts streamed in,
-  records written, ledger journaled), ``generate.concurrency`` = 2,000, once on its default
+  records written, ledger journaled), ``generate.http.concurrency`` = 2,000, once on its default
   uvloop event loop and once on the standard asyncio loop;
 - openai: what a user would write — ``AsyncOpenAI`` with an ``asyncio.Semaphore(2000)`` — on
   a smaller slice (its transport costs far more CPU per request).
@@ -50,12 +50,14 @@ def client_eyas(base_url: str, requests: int, concurrency: int, event_loop: str 
             "datasets": [{"name": "bench", "source": str(work / "prompts.jsonl")}],
             "generate": {
                 "backend": "openai",
-                "base_url": base_url,
-                "model": "fake/model",
-                "concurrency": concurrency,
                 "max_tokens": 64,
-                "read_timeout_s": 120.0,
-                "event_loop": event_loop,
+                "http": {
+                    "base_url": base_url,
+                    "model": "fake/model",
+                    "concurrency": concurrency,
+                    "timeouts": {"read_s": 120.0},
+                    "event_loop": event_loop,
+                },
             },
         }
     )

@@ -238,7 +238,7 @@ def plan(
         bool, typer.Option("--apply", help="Write the proposed output_token_target values into CONFIG.")
     ] = False,
 ) -> None:
-    """Project generation cost per dataset against generate.budget_usd; propose targets that fit."""
+    """Project generation cost per dataset against generate.http.budget_usd; propose targets that fit."""
     from eyas.generate.http.commands import plan_command
 
     setup_logging(None, quiet=True)

@@ -137,6 +137,81 @@ class Prices(Section):
     """USD per million completion tokens."""
 
 
+class RetryConfig(Section):
+    """Retries of one request: how many, and the capped exponential backoff between them."""
+
+    max_attempts: int = Field(default=8, ge=1)
+    """Attempts per request before it goes to the errors file."""
+    base_s: float = Field(default=1.0, gt=0.0)
+    """Backoff cap of the first retry in seconds; doubles per attempt (full jitter below it)."""
+    max_s: float = Field(default=60.0, gt=0.0)
+    """Largest backoff cap in seconds (a longer Retry-After is still honoured)."""
+
+
+class TimeoutsConfig(Section):
+    """How long one request may take, as a whole and between bytes (httpx groups them alike)."""
+
+    total_s: float | None = Field(default=None, gt=0.0)
+    """Total time limit for one request; None means no total cap (long reasoning)."""
+    read_s: float = Field(default=600.0, gt=0.0)
+    """Longest silence tolerated while waiting for response bytes."""
+
+
+class HttpConfig(Section):
+    """The keys only `generate.backend: openai` reads."""
+
+    base_url: str | None = None
+    """API base URL, e.g. https://openrouter.ai/api/v1 or http://127.0.0.1:8000/v1."""
+    base_urls: list[str] | None = None
+    """several data-parallel servers; requests go to the least-loaded one."""
+    model: str | None = None
+    """model name as the server knows it."""
+    api_key_env: str | None = None
+    """Name of the environment variable holding the API key."""
+    api_key_file: str | None = None
+    """Path of a file holding the API key."""
+    concurrency: int = Field(default=64, ge=1)
+    """requests in flight."""
+    stream: bool = False
+    """use server-sent events."""
+    reasoning: ReasoningConfig | None = None
+    """the request's `reasoning` object."""
+    provider: ProviderRouting | None = None
+    """OpenRouter's `provider` routing object, narrowed by `provider_policy` before it is sent."""
+    provider_policy: ProviderPolicy | None = None
+    """which endpoints the run accepts (merged into `provider`)."""
+    extra_body: dict[str, Any] = {}
+    """Extra request fields passed through as-is (e.g. `chat_template_kwargs`)."""
+    budget_usd: float | None = Field(default=None, gt=0.0)
+    """Hard spending cap in USD over all runs in this run_dir."""
+    prices: Prices | None = None
+    """Prices to budget with when the server has no endpoints listing."""
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    """`uvloop` spends ~10% less CPU per request than `asyncio` (used when installed)."""
+
+    retry: RetryConfig = RetryConfig()
+    """Retries per request."""
+    timeouts: TimeoutsConfig = TimeoutsConfig()
+    """Time limits per request."""
+
+    @model_validator(mode="after")
+    def _one_api_key_source(self) -> HttpConfig:
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("set one of generate.http.api_key_env and generate.http.api_key_file, not both")
+        return self
+
+
+MOVED_TO_HTTP = {
+    **{key: f"http.{key}" for key in HttpConfig.model_fields if key not in ("retry", "timeouts")},
+    "max_attempts": "http.retry.max_attempts",
+    "retry_base_s": "http.retry.base_s",
+    "retry_max_s": "http.retry.max_s",
+    "request_timeout_s": "http.timeouts.total_s",
+    "read_timeout_s": "http.timeouts.read_s",
+}
+"""Where the keys that used to sit directly under `generate` went."""
+
+
 class GenerateConfig(Section):
     backend: Literal["local", "vllm", "openai"] = "local"
     """`local`: the target in-process with transformers. `vllm`: the target in vLLM's LLM class (its own environment, `make vllm`). `openai`: any OpenAI-compatible HTTP API."""
@@ -154,54 +229,27 @@ class GenerateConfig(Section):
     """Local and vLLM backends: prompts per batch (local: left-padded, sorted by length; vLLM batches continuously within it)."""
     tensor_parallel_size: int = Field(default=1, ge=1)
     """vLLM backend: GPUs the target is split over."""
-    base_url: str | None = None
-    """OpenAI backend: API base URL, e.g. https://openrouter.ai/api/v1 or http://127.0.0.1:8000/v1."""
-    base_urls: list[str] | None = None
-    """OpenAI backend: several data-parallel servers; requests go to the least-loaded one."""
-    model: str | None = None
-    """OpenAI backend: model name as the server knows it."""
-    api_key_env: str | None = None
-    """Name of the environment variable holding the API key."""
-    api_key_file: str | None = None
-    """Path of a file holding the API key."""
-    concurrency: int = Field(default=64, ge=1)
-    """OpenAI backend: requests in flight."""
-    stream: bool = False
-    """OpenAI backend: use server-sent events."""
-    reasoning: ReasoningConfig | None = None
-    """OpenAI backend: the request's `reasoning` object."""
-    provider: ProviderRouting | None = None
-    """OpenAI backend: OpenRouter's `provider` routing object, narrowed by `provider_policy` before it is sent."""
-    provider_policy: ProviderPolicy | None = None
-    """OpenAI backend: which endpoints the run accepts (merged into `provider`)."""
-    extra_body: dict[str, Any] = {}
-    """Extra request fields passed through as-is (e.g. `chat_template_kwargs`)."""
-    budget_usd: float | None = Field(default=None, gt=0.0)
-    """Hard spending cap in USD over all runs in this run_dir."""
-    prices: Prices | None = None
-    """Prices to budget with when the server has no endpoints listing."""
-    max_attempts: int = Field(default=8, ge=1)
-    """Attempts per request before it goes to the errors file."""
-    retry_base_s: float = Field(default=1.0, gt=0.0)
-    """Backoff cap of the first retry in seconds; doubles per attempt (full jitter below it)."""
-    retry_max_s: float = Field(default=60.0, gt=0.0)
-    """Largest backoff cap in seconds (a longer Retry-After is still honoured)."""
-    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
-    """OpenAI backend: `uvloop` spends ~10% less CPU per request than `asyncio` (used when installed)."""
-    request_timeout_s: float | None = Field(default=None, gt=0.0)
-    """Total time limit for one request; None means no total cap (long reasoning)."""
-    read_timeout_s: float = Field(default=600.0, gt=0.0)
-    """Longest silence tolerated while waiting for response bytes."""
+    http: HttpConfig = HttpConfig()
+    """`backend: openai` only: the server, the requests, their budget, retries and timeouts."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key in data:
+                if key in MOVED_TO_HTTP:
+                    raise ValueError(
+                        f"{key} moved to generate.{MOVED_TO_HTTP[key]} (HTTP-only keys live under generate.http)"
+                    )
+        return data
 
     @model_validator(mode="after")
     def _http_needs_endpoint(self) -> GenerateConfig:
         if self.backend == "openai":
-            if not (self.base_url or self.base_urls):
-                raise ValueError("backend 'openai' needs generate.base_url or generate.base_urls")
-            if not self.model:
-                raise ValueError("backend 'openai' needs generate.model")
-        if self.api_key_env and self.api_key_file:
-            raise ValueError("set one of generate.api_key_env and generate.api_key_file, not both")
+            if not (self.http.base_url or self.http.base_urls):
+                raise ValueError("backend 'openai' needs generate.http.base_url or generate.http.base_urls")
+            if not self.http.model:
+                raise ValueError("backend 'openai' needs generate.http.model")
         return self
 
 
@@ -445,14 +493,14 @@ def resolve_api_key(api_key_env: str | None, api_key_file: str | None) -> str | 
     if api_key_env:
         value = os.environ.get(api_key_env)
         if not value:
-            raise ConfigError(f"generate.api_key_env: environment variable {api_key_env} is not set")
+            raise ConfigError(f"generate.http.api_key_env: environment variable {api_key_env} is not set")
         return value.strip()
     if api_key_file:
         try:
             value = Path(api_key_file).expanduser().read_text().strip()
         except OSError as e:
-            raise ConfigError(f"generate.api_key_file: cannot read {api_key_file} ({e.strerror})") from None
+            raise ConfigError(f"generate.http.api_key_file: cannot read {api_key_file} ({e.strerror})") from None
         if not value:
-            raise ConfigError(f"generate.api_key_file: {api_key_file} is empty")
+            raise ConfigError(f"generate.http.api_key_file: {api_key_file} is empty")
         return value
     return None

@@ -53,8 +53,17 @@ def test_bad_yaml_names_file_and_line(tmp_path):
 
 
 def test_http_backend_needs_an_endpoint():
-    with pytest.raises(ConfigError, match="needs generate.base_url"):
-        parse_config({"run_dir": "x", "generate": {"backend": "openai", "model": "m"}})
+    with pytest.raises(ConfigError, match="needs generate.http.base_url"):
+        parse_config({"run_dir": "x", "generate": {"backend": "openai", "http": {"model": "m"}}})
+
+
+def test_http_keys_moved_under_generate_http_name_their_new_place():
+    with pytest.raises(ConfigError, match=r"generate: .*base_url moved to generate.http.base_url"):
+        parse_config({"run_dir": "x", "generate": {"backend": "openai", "base_url": "http://h/v1"}})
+    with pytest.raises(ConfigError, match=r"read_timeout_s moved to generate.http.timeouts.read_s"):
+        parse_config({"run_dir": "x", "generate": {"read_timeout_s": 5.0}})
+    with pytest.raises(ConfigError, match=r"max_attempts moved to generate.http.retry.max_attempts"):
+        parse_config({"run_dir": "x", "generate": {"max_attempts": 3}})
 
 
 def test_duplicate_dataset_names_are_rejected():
@@ -90,7 +99,7 @@ def test_api_key_from_env_and_file(tmp_path, monkeypatch):
 
 def test_missing_api_key_error_never_shows_a_value(tmp_path, monkeypatch):
     monkeypatch.delenv("EYAS_ABSENT_KEY", raising=False)
-    with pytest.raises(ConfigError, match="generate.api_key_env: environment variable EYAS_ABSENT_KEY is not set"):
+    with pytest.raises(ConfigError, match="generate.http.api_key_env: environment variable EYAS_ABSENT_KEY is not set"):
         resolve_api_key("EYAS_ABSENT_KEY", None)
-    with pytest.raises(ConfigError, match="generate.api_key_file: cannot read"):
+    with pytest.raises(ConfigError, match="generate.http.api_key_file: cannot read"):
         resolve_api_key(None, str(tmp_path / "nope"))

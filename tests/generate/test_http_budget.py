@@ -65,12 +65,14 @@ def _endpoints():
 def test_policy_and_request_provider_object_come_from_one_place():
     g = GenerateConfig.model_validate(
         {
-            "provider": {"order": ["fakeai"], "ignore": ["mystery"]},
-            "provider_policy": {
-                "quantizations": ["int4", "fp8", "bf16"],
-                "unknown_quantization": "deny",
-                "ignore": ["precise"],
-            },
+            "http": {
+                "provider": {"order": ["fakeai"], "ignore": ["mystery"]},
+                "provider_policy": {
+                    "quantizations": ["int4", "fp8", "bf16"],
+                    "unknown_quantization": "deny",
+                    "ignore": ["precise"],
+                },
+            }
         }
     )
     provider = provider_object(g)
@@ -82,14 +84,16 @@ def test_policy_and_request_provider_object_come_from_one_place():
 
 def test_routing_and_policy_that_allow_no_quantization_are_a_config_error():
     g = GenerateConfig.model_validate(
-        {"provider": {"quantizations": ["fp4"]}, "provider_policy": {"quantizations": ["int4"]}}
+        {"http": {"provider": {"quantizations": ["fp4"]}, "provider_policy": {"quantizations": ["int4"]}}}
     )
     with pytest.raises(ConfigError, match="no level in common"):
         provider_object(g)
 
 
 def test_unknown_quantization_can_be_allowed_and_base_slugs_match_variants():
-    g = GenerateConfig.model_validate({"provider_policy": {"quantizations": ["int4"], "unknown_quantization": "allow"}})
+    g = GenerateConfig.model_validate(
+        {"http": {"provider_policy": {"quantizations": ["int4"], "unknown_quantization": "allow"}}}
+    )
     provider = provider_object(g)
     assert provider == {"quantizations": ["int4", "unknown"]}
     assert [e.tag for e in _endpoints() if rejection(e, provider) is None] == ["fakeai", "mystery"]

@@ -16,6 +16,7 @@ import yaml
 from eyas.generate.http.budget import Ledger
 from eyas.generate.http.errors import EXIT_CREDITS_EXHAUSTED
 from tests.conftest import write_jsonl
+from tests.generate.configs import openai_generate
 from tests.generate.fake_openai import FakeOpenAI, FakeServer
 
 EYAS = [sys.executable, "-m", "eyas"]
@@ -23,16 +24,7 @@ EYAS = [sys.executable, "-m", "eyas"]
 
 def write_config(tmp_path: Path, base_url: str, prompts: list[str], **generate) -> Path:
     write_jsonl(tmp_path / "prompts.jsonl", [{"id": f"p{i}", "prompt": p} for i, p in enumerate(prompts)])
-    g = {
-        "backend": "openai",
-        "base_url": base_url,
-        "model": "fake/model",
-        "concurrency": 4,
-        "max_tokens": 64,
-        "retry_base_s": 0.005,
-        "retry_max_s": 0.02,
-        **generate,
-    }
+    g = openai_generate(base_url, **({"retry": {"max_attempts": 8}} | generate))
     config = {"run_dir": "run", "datasets": [{"name": "ds", "source": "prompts.jsonl"}], "generate": g}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -125,7 +117,7 @@ def test_bad_config_names_the_key(tmp_path):
     config = write_config(tmp_path, "http://127.0.0.1:9/v1", ["q"], budget_usd=1.0)
     result = eyas("generate", config)
     assert result.returncode == 2
-    assert "generate.budget_usd is set but no prices are known" in result.stderr
+    assert "generate.http.budget_usd is set but no prices are known" in result.stderr
     assert "Traceback" not in result.stderr
 
 

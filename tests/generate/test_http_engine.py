@@ -18,6 +18,7 @@ from eyas.generate.http.budget import replay
 from eyas.generate.http.errors import BudgetReached, CreditsExhausted, RequestRejected
 from eyas.stage import StageError
 from tests.conftest import write_jsonl
+from tests.generate.configs import openai_generate
 from tests.generate.fake_openai import FakeOpenAI, FakeServer
 
 FAILURES = [
@@ -40,19 +41,8 @@ FAILURES = [
 
 def make_config(tmp_path, base_url, prompts, **generate_overrides):
     source = write_jsonl(tmp_path / "prompts.jsonl", [{"id": f"p{i}", "prompt": p} for i, p in enumerate(prompts)])
-    g = {
-        "backend": "openai",
-        "base_url": base_url,
-        "model": "fake/model",
-        "concurrency": 4,
-        "max_attempts": 3,
-        "retry_base_s": 0.005,
-        "retry_max_s": 0.02,
-        "max_tokens": 64,
-    }
-    g.update(generate_overrides)
     datasets = generate_overrides.pop("datasets", None) or [{"name": "ds", "source": str(source)}]
-    g.pop("datasets", None)
+    g = openai_generate(base_url, **generate_overrides)
     return parse_config({"run_dir": str(tmp_path / "run"), "datasets": datasets, "generate": g})
 
 
@@ -217,7 +207,9 @@ def test_many_servers_route_around_a_dead_one(tmp_path):
     prompts = [f"spread question {i}" for i in range(20)]
     fake = FakeOpenAI(latency_s=0.01)
     with FakeServer(fake) as server:
-        config = make_config(tmp_path, None, prompts, base_urls=[_dead_url(), server.base_url], max_attempts=8)
+        config = make_config(
+            tmp_path, None, prompts, base_urls=[_dead_url(), server.base_url], retry={"max_attempts": 8}
+        )
         generate.run(config, quiet=True)
     records = lines(tmp_path / "run" / "generate" / "ds.jsonl")
     assert len(records) == 20
@@ -229,7 +221,7 @@ def test_a_rejected_key_fails_fast_without_printing_it(tmp_path, monkeypatch, ca
     fake = FakeOpenAI(api_key="sk-other")
     with FakeServer(fake) as server:
         config = make_config(
-            tmp_path, server.base_url, [f"q{i}" for i in range(10)], api_key_env="FAKE_KEY", max_attempts=8
+            tmp_path, server.base_url, [f"q{i}" for i in range(10)], api_key_env="FAKE_KEY", retry={"max_attempts": 8}
         )
         with pytest.raises(RequestRejected) as e:
             generate.run(config, quiet=True)
@@ -242,9 +234,11 @@ def test_a_rejected_key_fails_fast_without_printing_it(tmp_path, monkeypatch, ca
 def test_keepalives_hold_a_slow_stream_open_while_silence_times_out(tmp_path):
     fake = FakeOpenAI(latency_s=0.9, keepalives=6)  # 0.9 s to answer: a keep-alive every 0.15 s when streaming
     with FakeServer(fake) as server:
-        streamed = make_config(tmp_path / "sse", server.base_url, ["slow one"], stream=True, read_timeout_s=0.5)
+        streamed = make_config(tmp_path / "sse", server.base_url, ["slow one"], stream=True, timeouts={"read_s": 0.5})
         generate.run(streamed, quiet=True)
-        silent = make_config(tmp_path / "json", server.base_url, ["slow two"], read_timeout_s=0.5, max_attempts=2)
+        silent = make_config(
+            tmp_path / "json", server.base_url, ["slow two"], timeouts={"read_s": 0.5}, retry={"max_attempts": 2}
+        )
         generate.run(silent, quiet=True)
     assert [r["content"] for r in lines(tmp_path / "sse" / "run" / "generate" / "ds.jsonl")] == ["answer to: slow one"]
     assert not lines(tmp_path / "json" / "run" / "generate" / "ds.jsonl")

@@ -22,11 +22,12 @@ def test_kimi_reference_job():
     c = _show("kimi-k2.5-openrouter.yaml")
     assert len(c["datasets"]) == 6
     assert sum(d["output_token_target"] for d in c["datasets"]) == 10_000_000
-    g = c["generate"]
-    assert g["backend"] == "openai" and g["concurrency"] == 2000 and g["budget_usd"] == 100
-    assert g["reasoning"]["enabled"] is True
-    allowed = g["provider_policy"]["quantizations"]
-    assert not {"fp4", "fp6"} & set(allowed) and g["provider_policy"]["unknown_quantization"] == "deny"
+    assert c["generate"]["backend"] == "openai"
+    h = c["generate"]["http"]
+    assert h["concurrency"] == 2000 and h["budget_usd"] == 100
+    assert h["reasoning"]["enabled"] is True
+    allowed = h["provider_policy"]["quantizations"]
+    assert not {"fp4", "fp6"} & set(allowed) and h["provider_policy"]["unknown_quantization"] == "deny"
     assert c["tokenize"]["format"] == "kimi-k2.5"
     assert c["merge"]["max_seq_len"] == 8192
     x = c["extract"]

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 def sampling_settings(config: RunConfig) -> dict:
     """The settings that shape the output distribution; records made under others are not mixed in."""
     g = config.generate
-    model = g.model if g.backend == "openai" else config.target.model
+    model = g.http.model if g.backend == "openai" else config.target.model
     settings = {
         "backend": g.backend,
         "model": model,
@@ -40,10 +40,10 @@ def sampling_settings(config: RunConfig) -> dict:
         "stop": g.stop,
     }
     # Optional request shapers are recorded only when set, so runs that never used them keep matching.
-    if g.reasoning:
-        settings["reasoning"] = g.reasoning.model_dump(exclude_none=True)
-    if g.extra_body:
-        settings["extra_body"] = g.extra_body
+    if g.http.reasoning:
+        settings["reasoning"] = g.http.reasoning.model_dump(exclude_none=True)
+    if g.http.extra_body:
+        settings["extra_body"] = g.http.extra_body
     return settings
 
 

@@ -6,7 +6,7 @@ used up their attempts, and the spending ledger ``generate/ledger.jsonl``.
 
 Guarantees: one record per prompt, never two, across any number of interrupted runs (a
 SIGKILL loses at most the requests in flight, whose reserved cost is then reported as
-possibly spent); spend never passes ``generate.budget_usd``; an account out of credits or a
+possibly spent); spend never passes ``generate.http.budget_usd``; an account out of credits or a
 budget reached stops launching, saves what is in flight, and raises a ``RunStopped`` the
 CLI turns into a distinct exit code, so rerunning the same command resumes.
 """
@@ -51,25 +51,25 @@ def raise_open_files_limit(concurrency: int) -> int:
 
 
 async def resolve_pricing(config: RunConfig, transport) -> Pricing | None:
-    """Prices to budget with: `generate.prices`, else the endpoints listing; required with a budget."""
+    """Prices to budget with: `generate.http.prices`, else the endpoints listing; required with a budget."""
     from eyas.generate.http.providers import endpoints_url, parse_endpoints, provider_object, worst_case_pricing
 
     g = config.generate
-    if g.prices is not None:
-        return Pricing.per_million(g.prices.prompt, g.prices.completion)
-    if g.budget_usd is None:
+    if g.http.prices is not None:
+        return Pricing.per_million(g.http.prices.prompt, g.http.prices.completion)
+    if g.http.budget_usd is None:
         return None
-    url = endpoints_url(g.base_url or g.base_urls[0], g.model)
+    url = endpoints_url(g.http.base_url or g.http.base_urls[0], g.http.model)
     try:
         pricing = worst_case_pricing(parse_endpoints(await transport.get_json(url)), provider_object(g))
     except (RequestFailure, ValueError) as e:
         raise ConfigError(
-            f"generate.budget_usd is set but no prices are known: {url} gave no endpoints listing ({e}); "
-            "set generate.prices"
+            f"generate.http.budget_usd is set but no prices are known: {url} gave no endpoints listing ({e}); "
+            "set generate.http.prices"
         ) from None
     if pricing is None:
         raise ConfigError(
-            f"generate.provider_policy: no endpoint of {g.model} passes the policy, nothing to budget with"
+            f"generate.http.provider_policy: no endpoint of {g.http.model} passes the policy, nothing to budget with"
         )
     return pricing
 
@@ -90,9 +90,9 @@ def exclusive(lock: Path) -> Iterator[None]:
 
 def run_http(config: RunConfig, paths: RunPaths, quiet: bool = False) -> None:
     g = config.generate
-    raise_open_files_limit(g.concurrency)
-    api_key = resolve_api_key(g.api_key_env, g.api_key_file)
-    with exclusive(paths.generate_lock), asyncio.Runner(loop_factory=event_loop_factory(g.event_loop)) as runner:
+    raise_open_files_limit(g.http.concurrency)
+    api_key = resolve_api_key(g.http.api_key_env, g.http.api_key_file)
+    with exclusive(paths.generate_lock), asyncio.Runner(loop_factory=event_loop_factory(g.http.event_loop)) as runner:
         runner.run(_run(config, paths, api_key, quiet))
 
 
@@ -115,13 +115,13 @@ async def _run(config: RunConfig, paths: RunPaths, api_key: str | None, quiet: b
 
     g = config.generate
     async with Transport(
-        concurrency=g.concurrency,
+        concurrency=g.http.concurrency,
         api_key=api_key,
-        read_timeout_s=g.read_timeout_s,
-        request_timeout_s=g.request_timeout_s,
+        read_timeout_s=g.http.timeouts.read_s,
+        request_timeout_s=g.http.timeouts.total_s,
     ) as transport:
         pricing = await resolve_pricing(config, transport)
-        ledger = Ledger(paths.ledger, g.budget_usd)
+        ledger = Ledger(paths.ledger, g.http.budget_usd)
         datasets: list[DatasetRun] = []
         try:
             for d in config.datasets:

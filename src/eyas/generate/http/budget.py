@@ -2,7 +2,7 @@
 
 Before a request is launched its worst-case cost is *reserved* (estimated prompt tokens ×
 prompt price + ``max_tokens`` × completion price, at the most expensive price the provider
-policy allows); nothing is launched if spent + reserved would pass ``generate.budget_usd``.
+policy allows); nothing is launched if spent + reserved would pass ``generate.http.budget_usd``.
 When the answer arrives its real ``usage.cost`` replaces the reservation.
 
 The ledger is a journal, ``<run_dir>/generate/ledger.jsonl``: one line per reserve, spend

@@ -45,9 +45,9 @@ async def _fetch(base_url: str, model: str, api_key: str | None) -> list[Endpoin
 
 
 def fetch_endpoints(g: GenerateConfig, model: str | None = None, base_url: str | None = None) -> list[Endpoint]:
-    base = base_url or g.base_url or (g.base_urls[0] if g.base_urls else OPENROUTER_BASE_URL)
-    key = resolve_api_key(g.api_key_env, g.api_key_file)
-    return asyncio.run(_fetch(base, model or g.model, key))
+    base = base_url or g.http.base_url or (g.http.base_urls[0] if g.http.base_urls else OPENROUTER_BASE_URL)
+    key = resolve_api_key(g.http.api_key_env, g.http.api_key_file)
+    return asyncio.run(_fetch(base, model or g.http.model, key))
 
 
 def providers_command(model: str, config: Path | None, base_url: str | None, as_json: bool) -> None:
@@ -88,13 +88,17 @@ def plan_pricing(config: RunConfig) -> Pricing:
     from eyas.generate.http.providers import worst_case_pricing
 
     g = config.generate
-    if g.prices is not None:
-        return Pricing.per_million(g.prices.prompt, g.prices.completion)
+    if g.http.prices is not None:
+        return Pricing.per_million(g.http.prices.prompt, g.http.prices.completion)
     if g.backend != "openai":
-        raise ConfigError("generate.backend is not 'openai': nothing to price (set generate.prices to plan anyway)")
+        raise ConfigError(
+            "generate.backend is not 'openai': nothing to price (set generate.http.prices to plan anyway)"
+        )
     pricing = worst_case_pricing(fetch_endpoints(g), provider_object(g))
     if pricing is None:
-        raise ConfigError(f"generate.provider_policy: no endpoint of {g.model} passes the policy, nothing to price")
+        raise ConfigError(
+            f"generate.http.provider_policy: no endpoint of {g.http.model} passes the policy, nothing to price"
+        )
     return pricing
 
 
@@ -118,7 +122,7 @@ def apply_targets(config_path: Path, plan: Plan) -> None:
 def plan_command(config_path: Path, apply: bool) -> None:
     config = load_config(config_path)
     pricing = plan_pricing(config)
-    plan = make_plan(plan_inputs(config), pricing, config.generate.budget_usd, spent_so_far(config))
+    plan = make_plan(plan_inputs(config), pricing, config.generate.http.budget_usd, spent_so_far(config))
     console.print(plan_table(plan, pricing))
     if not plan.over_budget:
         return

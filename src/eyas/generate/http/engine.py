@@ -96,7 +96,7 @@ def request_template(config: RunConfig) -> dict[str, Any]:
     """The fields every request shares; messages and tools are added per prompt."""
     g = config.generate
     body: dict[str, Any] = {
-        "model": g.model,
+        "model": g.http.model,
         "max_tokens": g.max_tokens,
         "temperature": g.temperature,
         "top_p": g.top_p,
@@ -104,15 +104,15 @@ def request_template(config: RunConfig) -> dict[str, Any]:
     }
     if g.stop:
         body["stop"] = list(g.stop)
-    if g.reasoning is not None:
-        body["reasoning"] = g.reasoning.model_dump(exclude_none=True)
+    if g.http.reasoning is not None:
+        body["reasoning"] = g.http.reasoning.model_dump(exclude_none=True)
     provider = provider_object(g)
     if provider:
         body["provider"] = provider
-    if g.stream:
+    if g.http.stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
-    body.update(g.extra_body)
+    body.update(g.http.extra_body)
     return body
 
 
@@ -135,9 +135,9 @@ class Engine:
         self.pricing = pricing
         self.datasets = datasets
         self.rng = rng or random.Random()
-        self.policy = RetryPolicy(g.max_attempts, g.retry_base_s, g.retry_max_s)
-        self.pool = ServerPool(g.base_urls or [g.base_url])
-        self.slots = Slots(g.concurrency)
+        self.policy = RetryPolicy(g.http.retry.max_attempts, g.http.retry.base_s, g.http.retry.max_s)
+        self.pool = ServerPool(g.http.base_urls or [g.http.base_url])
+        self.slots = Slots(g.http.concurrency)
         self.template = request_template(config)
         self.retries: Counter[str] = Counter()
         self.stop_reason: RunStopped | None = None
@@ -239,9 +239,9 @@ class Engine:
                 # Nothing in flight will hand money back: the budget is spent.
                 self.stop(
                     BudgetReached(
-                        f"budget reached: ${self.ledger.committed:.4f} spent or possibly spent of generate.budget_usd "
-                        f"${self.g.budget_usd:.2f}, and the next request may cost up to ${reserve:.4f}; "
-                        "raise generate.budget_usd and rerun to continue"
+                        f"budget reached: ${self.ledger.committed:.4f} spent or possibly spent of generate.http.budget_usd "
+                        f"${self.g.http.budget_usd:.2f}, and the next request may cost up to ${reserve:.4f}; "
+                        "raise generate.http.budget_usd and rerun to continue"
                     )
                 )
             if self.stop_reason is not None:
@@ -283,7 +283,7 @@ class Engine:
                 server = self.pool.pick(time.monotonic())
                 server.in_flight += 1
                 try:
-                    reply = await self.transport.chat(server.chat_url, body, self.g.stream)
+                    reply = await self.transport.chat(server.chat_url, body, self.g.http.stream)
                 except RequestFailure as e:
                     failure = e.failure
                     self.pool.failed(server, failure.cause, time.monotonic())
@@ -340,7 +340,7 @@ class Engine:
             messages,
             content=reply.content,
             finish_reason=reply.finish_reason,
-            model=self.g.model,
+            model=self.g.http.model,
             provider=reply.provider or server,
             usage=usage,
             reasoning=reply.reasoning,

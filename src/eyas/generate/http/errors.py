@@ -6,7 +6,7 @@
     └── RunStopped                the run cannot go on; in-flight requests are finished and
         │                         saved first, and the CLI exits with the class's exit code
         ├── CreditsExhausted      402 insufficient credits / key limit: add credits, rerun (3)
-        ├── BudgetReached         generate.budget_usd would be passed: raise it, rerun (4)
+        ├── BudgetReached         generate.http.budget_usd would be passed: raise it, rerun (4)
         └── RequestRejected       400/401/403/404 for the whole run: bad key, model, or
                                   request shape; fix the config, rerun (5)
 
@@ -35,7 +35,7 @@ class Cause(str, Enum):
     CONNECTION = "connection"
     """Reset, refused, or the connection closed early."""
     TIMEOUT = "timeout"
-    """No bytes for `read_timeout_s`, or `request_timeout_s` passed."""
+    """No bytes for `generate.http.timeouts.read_s`, or `timeouts.total_s` passed."""
     BAD_RESPONSE = "bad_response"
     """HTTP 200 whose body is malformed JSON, empty, or carries an error."""
     IN_FLIGHT_BUDGET = "in_flight_budget"
@@ -79,7 +79,7 @@ class CreditsExhausted(RunStopped):
 
 
 class BudgetReached(RunStopped):
-    """Spent plus reserved would pass ``generate.budget_usd``."""
+    """Spent plus reserved would pass ``generate.http.budget_usd``."""
 
     exit_code = EXIT_BUDGET_REACHED
 

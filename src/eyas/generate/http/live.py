@@ -82,7 +82,7 @@ class LiveProgress:
         ledger = e.ledger
         done_tokens = sum(ds.progress.completion_tokens for ds in e.datasets)
         projected = ledger.spent + (left_total * ledger.spent / done_tokens if done_tokens else 0.0)
-        budget = f"${e.g.budget_usd:.2f}" if e.g.budget_usd else "no budget"
+        budget = f"${e.g.http.budget_usd:.2f}" if e.g.http.budget_usd else "no budget"
         retries = ", ".join(f"{k} {v}" for k, v in sorted(e.retries.items())) or "none"
         line = (
             f"${ledger.spent:.4f} / {budget} · projected ${projected:.2f} · {_num(tok_rate)} tok/s · "

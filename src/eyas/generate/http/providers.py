@@ -1,7 +1,7 @@
 """A model's endpoints on OpenRouter, and the run's provider policy — derived in one place.
 
-``provider_object`` merges ``generate.provider`` (OpenRouter's routing object, as given)
-with ``generate.provider_policy`` (which quantizations and providers the run accepts) into
+``provider_object`` merges ``generate.http.provider`` (OpenRouter's routing object, as given)
+with ``generate.http.provider_policy`` (which quantizations and providers the run accepts) into
 the ``provider`` object every request sends. ``rejection`` judges a listed endpoint against
 that same object, so what ``eyas providers`` marks as allowed is exactly what requests ask
 OpenRouter for, and the budget prices with the dearest endpoint that can serve them.
@@ -77,8 +77,8 @@ def parse_endpoints(data: Any) -> list[Endpoint]:
 
 def provider_object(g: GenerateConfig) -> dict[str, Any] | None:
     """The request's ``provider`` object: the routing as given, narrowed by the policy."""
-    routing = g.provider.model_dump(exclude_none=True) if g.provider else {}
-    policy = g.provider_policy
+    routing = g.http.provider.model_dump(exclude_none=True) if g.http.provider else {}
+    policy = g.http.provider_policy
     if policy is not None:
         if policy.quantizations is not None:
             allowed = [q.lower() for q in policy.quantizations]
@@ -88,7 +88,7 @@ def provider_object(g: GenerateConfig) -> dict[str, Any] | None:
             routing["quantizations"] = [q for q in allowed if given is None or q in {x.lower() for x in given}]
             if not routing["quantizations"]:
                 raise ConfigError(
-                    "generate.provider.quantizations and generate.provider_policy.quantizations have no level in common"
+                    "generate.http.provider.quantizations and generate.http.provider_policy.quantizations have no level in common"
                 )
         if policy.ignore:
             routing["ignore"] = sorted(set(routing.get("ignore", [])) | set(policy.ignore))

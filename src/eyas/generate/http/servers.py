@@ -1,4 +1,4 @@
-"""Dispatch across data-parallel servers (``generate.base_urls``): least-loaded first.
+"""Dispatch across data-parallel servers (``generate.http.base_urls``): least-loaded first.
 
 A server whose attempts fail several times in a row (connection errors, 5xx, timeouts) is
 cooled down for a while, doubling each time it fails again, so one dead replica does not
