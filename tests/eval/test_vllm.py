@@ -21,6 +21,17 @@ from tests.train.conftest import subprocess_env
 from .overfit import OVERFIT_NEW, TEXTS
 
 
+def eyas_eval(*args) -> subprocess.CompletedProcess:
+    """``eyas eval`` as a user runs it; vLLM's CPU build takes about a minute to start."""
+    return subprocess.run(
+        [sys.executable, "-m", "eyas", "eval", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        timeout=900,
+    )
+
+
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory, overfit):
     vllm_or_skip()
@@ -32,24 +43,7 @@ def vllm_run(tmp_path_factory, overfit):
         "target: {model: embedded, device: cpu}\n"
         f"eval: {{num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl, broken_control: false}}\n"
     )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "eyas",
-            "eval",
-            str(root / "run.yaml"),
-            "--engine",
-            "vllm",
-            "--draft",
-            str(root / "draft"),
-            "-q",
-        ],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        timeout=900,
-    )
+    done = eyas_eval(root / "run.yaml", "--engine", "vllm", "--draft", root / "draft", "-q")
     return root, done
 
 
@@ -77,23 +71,7 @@ def test_a_second_run_reuses_vllms_result(vllm_run):
     root, _ = vllm_run
     cached = list((root / "run" / "eval").glob("vllm-*.json"))
     assert len(cached) == 1
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "eyas",
-            "eval",
-            str(root / "run.yaml"),
-            "--engine",
-            "vllm",
-            "--draft",
-            str(root / "draft"),
-        ],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        timeout=300,
-    )
+    done = eyas_eval(root / "run.yaml", "--engine", "vllm", "--draft", root / "draft")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "vLLM τ" in done.stderr and ": agree" in done.stderr
     assert "in vLLM" not in done.stderr
@@ -115,13 +93,7 @@ def test_with_the_target_not_loaded_here_vllm_alone_measures_tau(vllm_run, tmp_p
         "target: {model: embedded, device: cpu}\n"
         f"eval: {{engine: vllm, in_process: false, num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl}}\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-m", "eyas", "eval", str(tmp_path / "run.yaml"), "--draft", str(root / "draft"), "-q"],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        timeout=900,
-    )
+    done = eyas_eval(tmp_path / "run.yaml", "--draft", root / "draft", "-q")
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((eval_dir / "report.json").read_text())
     assert list(report["methods"]) == [vllm_engine.METHOD] and report["plain"]["engine"].startswith("vllm ")

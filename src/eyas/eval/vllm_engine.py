@@ -29,24 +29,31 @@ METHOD = "eagle3 (vllm)"
 TOLERANCE = 0.02
 
 
+def plain_vllm(result: dict, prompts: int) -> dict:
+    """Speed of one vLLM run, in the shape of :func:`eyas.eval.report.plain_summary`."""
+    tokens = sum(len(o) for o in result["outputs"])
+    seconds = result["generate_seconds"]
+    return {
+        "prompts": prompts,
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "engine": f"vllm {result['vllm_version']}",
+    }
+
+
 def summarize_vllm(result: dict, prompt_ids: list[str], k: int, reference: dict[str, list[int]] | None) -> dict:
     """vLLM's run in the shape of :func:`eyas.eval.report.summarize`, from vLLM's own counters."""
     counters = result["counters"]
     drafts, accepted = counters.get("num_drafts", 0), counters.get("num_accepted_tokens", 0)
     per_pos = counters.get("num_accepted_tokens_per_pos", [0] * k)
-    tokens = sum(len(o) for o in result["outputs"])
-    seconds = result["generate_seconds"]
     summary = {
-        "prompts": len(prompt_ids),
-        "tokens": tokens,
+        **plain_vllm(result, len(prompt_ids)),
         "target_passes": drafts,
         "tau": 1 + accepted / drafts if drafts else 1.0,
         "per_position": [a / drafts if drafts else 0.0 for a in per_pos],
         "tau_per_dataset": {},
-        "seconds": seconds,
-        "tokens_per_s": tokens / seconds if seconds else 0.0,
         "speedup": None,
-        "engine": f"vllm {result['vllm_version']}",
         "load_seconds": result["load_seconds"],
     }
     if reference is not None:
@@ -113,15 +120,7 @@ def run_in_vllm_only(config: RunConfig, draft_dir: Path, prompts: list, stop_ids
     dtype = dtype_name(config.target)
     plain = speculative_decode(config, None, ids, stop_ids, dtype, out_dir)
     drafted = speculative_decode(config, draft_dir, ids, stop_ids, dtype, out_dir)
-    tokens = sum(len(o) for o in plain["outputs"])
-    seconds = plain["generate_seconds"]
-    baseline = {
-        "prompts": len(prompts),
-        "tokens": tokens,
-        "seconds": seconds,
-        "tokens_per_s": tokens / seconds if seconds else 0.0,
-        "engine": f"vllm {plain['vllm_version']}",
-    }
+    baseline = plain_vllm(plain, len(prompts))
     reference = dict(zip(prompt_ids, plain["outputs"])) if cfg.temperature == 0 else None
     method = summarize_vllm(drafted, prompt_ids, cfg.num_draft_tokens, reference)
     method["speedup"] = method["tokens_per_s"] / baseline["tokens_per_s"] if baseline["tokens_per_s"] else None

