@@ -30,14 +30,38 @@ def env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def kill_after_first_shard(config: Path, hidden: Path) -> dict[Path, int]:
-    """Start ``eyas extract``, SIGKILL it once a shard is finished; the finished shards' mtimes."""
+def processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group) of every process, from /proc."""
+    table = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        table[int(stat.parent.name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def kill_after_first_shard(config: Path, hidden: Path, orphans: list[int] | None = None) -> dict[Path, int]:
+    """Start ``eyas extract``, SIGKILL it once a shard is finished; the finished shards' mtimes.
+
+    ``orphans`` (when given) receives the processes of the killed run's child process groups
+    still alive a minute after the kill: none should be (vLLM's engine outlives its parent).
+    """
     proc = subprocess.Popen([sys.executable, "-m", "eyas", "extract", str(config), "-q"], env=env(), cwd=ROOT)
     deadline = time.monotonic() + 300
     while not (hidden / "shard-00000.json").exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
+    ours = {proc.pid, os.getpgrp()}
+    groups = {group for parent, group in processes().values() if parent == proc.pid and group not in ours}
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    if orphans is not None:
+        assert groups, "the vLLM child leads a process group of its own, so it can take its engine down"
+        deadline = time.monotonic() + 60
+        while [p for p, (_, g) in processes().items() if g in groups] and time.monotonic() < deadline:
+            time.sleep(0.5)
+        orphans.extend(p for p, (_, g) in processes().items() if g in groups)
     done = sorted(hidden.glob("shard-*.json"))
     assert done and not (hidden / "index.json").exists() or len(done) == 6
     if len(done) == 6:  # the kill came too late to interrupt: take the last shard away instead

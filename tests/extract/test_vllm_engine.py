@@ -65,7 +65,9 @@ def test_killed_vllm_extract_resumes_and_trains_like_transformers_shards(merged_
 
     config = write_config(merged_run, tmp_path / "run.yaml", shard_tokens=1, engine="vllm")  # one sample per shard
     hidden = RunPaths.of(merged_run).hidden_dir
-    resume(config, merged_run, kill_after_first_shard(config, hidden))
+    orphans: list[int] = []
+    resume(config, merged_run, kill_after_first_shard(config, hidden, orphans))
+    assert orphans == [], "vLLM's engine and workers must die with the eyas that started them"
     assert not list(hidden.glob("vllm-staging*"))
     index = json.loads((hidden / "index.json").read_text())
     assert index["engines"] == ["vllm"] and index["fingerprint"] == reference["fingerprint"]

@@ -23,7 +23,7 @@ from eyas.config import RunConfig
 from eyas.records import content_hash
 from eyas.target.capture import hf_hidden_state_indices
 from eyas.target.generation import ChatCodec, Completion
-from eyas.target.vllm import VllmChild, VllmError, child_script, log_tail, vllm_python
+from eyas.target.vllm import CHILD_PROCESS, VllmChild, VllmError, child_script, log_tail, stop_group, vllm_python
 
 log = logging.getLogger(__name__)
 
@@ -171,16 +171,22 @@ def speculative_decode(
     what = draft_dir or "plain decoding (no drafter)"
     log.info("eval: running %s in vLLM (%s); its log is %s", what, python, log_path)
     with log_path.open("w") as log_file:
-        done = subprocess.run(
+        process = subprocess.Popen(
             [python, child_script("eval"), str(request_path), str(result_path)],
             stdout=log_file,
             stderr=subprocess.STDOUT,
             cwd=out_dir,
+            **CHILD_PROCESS,
         )
+        try:
+            returncode = process.wait()
+        except BaseException:
+            stop_group(process)
+            raise
     request_path.unlink(missing_ok=True)
-    if done.returncode != 0 or not result_path.is_file():
+    if returncode != 0 or not result_path.is_file():
         raise VllmError(
-            f"vLLM exited with {done.returncode} running {what}; last lines of {log_path}:\n{log_tail(log_path)}"
+            f"vLLM exited with {returncode} running {what}; last lines of {log_path}:\n{log_tail(log_path)}"
         )
     return json.loads(result_path.read_text())
 

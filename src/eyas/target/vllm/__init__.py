@@ -10,9 +10,11 @@ the connector vLLM's workers load in ``hidden_states_connector``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -58,16 +60,28 @@ def log_tail(path: Path, lines: int = 15) -> str:
 
 
 def _die_with_parent() -> None:
-    """Ask Linux to kill the child when eyas dies (even by SIGKILL), so no engine keeps holding GPUs.
+    """Ask Linux to send the child SIGTERM when eyas dies (even by SIGKILL).
 
-    vLLM's own workers stop when their parent, the child, goes.
+    vLLM's engine and worker processes outlive a killed parent and keep its memory (GPUs, on
+    a GPU box), so the child leads a process group of its own and, on SIGTERM, kills the whole
+    group (``eyas_child.py``).
     """
     if sys.platform.startswith("linux"):
         import ctypes
-        import signal
 
         PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+CHILD_PROCESS = {"start_new_session": True, "preexec_fn": _die_with_parent}
+"""How every vLLM child is started: leading its own process group, stopped with eyas."""
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    """Kill a child and every process vLLM started under it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 class VllmChild:
@@ -96,7 +110,7 @@ class VllmChild:
                 pass_fds=(write_fd,),
                 text=True,
                 env=env,
-                preexec_fn=_die_with_parent,
+                **CHILD_PROCESS,
             )
         os.close(write_fd)
         self._answers = os.fdopen(read_fd)
@@ -126,8 +140,7 @@ class VllmChild:
             try:
                 self._process.wait(timeout=120)
             except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+                stop_group(self._process)
         self._answers.close()
         os.unlink(self._settings_path)
 

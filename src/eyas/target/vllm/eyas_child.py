@@ -9,8 +9,19 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
+
+
+def _stop_the_group(_signum, _frame) -> None:
+    """eyas died or asked to stop: take vLLM's engine and workers down too (they outlive us)."""
+    os.killpg(0, signal.SIGKILL)
+
+
+if os.getpgid(0) == os.getpid():
+    # Only as a group leader (eyas starts its children so): the group is then ours alone.
+    signal.signal(signal.SIGTERM, _stop_the_group)
 
 
 def load_llm(settings: dict, **engine_args):
