@@ -21,8 +21,6 @@ from eyas.config import RunConfig
 from eyas.target.capture import forward, use_packing
 from eyas.target.generation import BatchGenerator, LocalGenerator
 
-ENGINES = ("transformers", "vllm")
-
 
 class Prefill(Protocol):
     def capture(self, samples: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:

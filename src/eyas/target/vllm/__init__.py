@@ -114,8 +114,7 @@ class VllmChild:
             )
         os.close(write_fd)
         self._answers = os.fdopen(read_fd)
-        self.ready = self._answer()
-        """The child's first line, once its engine has started (``vllm_version``)."""
+        self._answer()  # the child's first line: its engine has started
 
     def ask(self, request: dict) -> dict:
         try:
