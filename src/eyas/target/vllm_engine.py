@@ -82,17 +82,18 @@ class VllmPrefill:
     def __init__(
         self, config: RunConfig, aux_layers: list[int], num_layers: int, max_len: int, staging_dir: Path, log_path: Path
     ):
-        from eyas.target import dtype_name, load_final_norm
+        from eyas.target import load_final_norm
 
-        x = config.extract
-        self._norm = load_final_norm(config.target, getattr(torch, dtype_name(config.target)))
+        x, served = config.extract, _served_target(config)
+        # The norm runs in the dtype vLLM hands the states out in.
+        self._norm = load_final_norm(config.target, getattr(torch, served["dtype"]))
         # Files left by a killed run belong to samples that are captured again. Each run stages
         # in a folder of its own: vLLM names files by request id, which restarts with every engine.
         for stale in staging_dir.parent.glob(staging_dir.name + "-*"):
             shutil.rmtree(stale, ignore_errors=True)
         self._staging_dir = Path(tempfile.mkdtemp(prefix=staging_dir.name + "-", dir=staging_dir.parent))
         settings = {
-            **_served_target(config),
+            **served,
             "tensor_parallel_size": x.tensor_parallel_size,
             "pipeline_parallel_size": x.pipeline_parallel_size,
             "expert_parallel": x.expert_parallel,
