@@ -27,6 +27,12 @@ app.add_typer(prompts_app, name="prompts")
 
 ConfigArg = Annotated[Path, typer.Argument(help="Run config (YAML).")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars; warnings only.")]
+RedoOpt = Annotated[
+    bool,
+    typer.Option(
+        "--redo", help="Replace outputs made with other settings or input (kept whole until the new ones are done)."
+    ),
+]
 
 EXIT_BAD_INPUT = 2
 
@@ -35,6 +41,16 @@ def _open_run(config_path: Path, quiet: bool = False) -> RunConfig:
     config = load_config(config_path)
     setup_logging(RunPaths.of(config).log_file, quiet)
     return config
+
+
+def _ready(config: RunConfig, stage: str, config_path: Path, redo: bool = False, **kwargs) -> bool:
+    """The check every stage command makes first (:func:`eyas.pipeline.prepare`); prints when there is nothing to do."""
+    from eyas import pipeline
+
+    if pipeline.prepare(config, stage, redo, str(config_path), **kwargs):
+        return True
+    console.print(f"{stage}: up to date, nothing to do (`eyas status {config_path}` shows every stage)")
+    return False
 
 
 @config_app.command("show")
@@ -62,11 +78,22 @@ def prompts_synth(
 
 
 @app.command()
-def generate(config: ConfigArg, quiet: QuietOpt = False) -> None:
+def generate(
+    config: ConfigArg,
+    redo: Annotated[
+        bool,
+        typer.Option(
+            "--redo", help="Records made with other sampling settings are moved aside and generation restarts."
+        ),
+    ] = False,
+    quiet: QuietOpt = False,
+) -> None:
     """Stage 2: regenerate every prompt's answer with the target."""
     from eyas import generate as stage
 
-    stage.run(_open_run(config, quiet), quiet)
+    run_config = _open_run(config, quiet)
+    _ready(run_config, "generate", config)
+    stage.run(run_config, quiet, redo)
 
 
 @app.command()
@@ -81,15 +108,19 @@ def tokenize(
     """Stage 3: rebuild exact token ids and loss masks, checked against billing."""
     from eyas import tokenize as stage
 
-    stage.run(_open_run(config, quiet), quiet, verify_ids=verify_ids)
+    run_config = _open_run(config, quiet)
+    _ready(run_config, "tokenize", config)
+    stage.run(run_config, quiet, verify_ids=verify_ids)
 
 
 @app.command()
-def merge(config: ConfigArg, quiet: QuietOpt = False) -> None:
+def merge(config: ConfigArg, redo: RedoOpt = False, quiet: QuietOpt = False) -> None:
     """Stage 4: merge and shuffle every tokenized dataset; hold out the eval split."""
     from eyas import merge as stage
 
-    stage.run(_open_run(config, quiet), quiet)
+    run_config = _open_run(config, quiet)
+    if _ready(run_config, "merge", config, redo):
+        stage.run(run_config, quiet)
 
 
 @app.command()
@@ -101,11 +132,13 @@ def estimate(config: ConfigArg) -> None:
 
 
 @app.command()
-def extract(config: ConfigArg, quiet: QuietOpt = False) -> None:
+def extract(config: ConfigArg, redo: RedoOpt = False, quiet: QuietOpt = False) -> None:
     """Stage 5: target hidden states for every merged train sample (resumes; torchrun-aware)."""
     from eyas import extract as stage
 
-    stage.run(_open_run(config, quiet), quiet)
+    run_config = _open_run(config, quiet)
+    if _ready(run_config, "extract", config, redo):
+        stage.run(run_config, quiet, redo)
 
 
 @app.command()
@@ -114,12 +147,16 @@ def train(
     stop_after: Annotated[
         int | None, typer.Option(min=1, help="Stop after this many steps (with a checkpoint); rerun to continue.")
     ] = None,
+    redo: RedoOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Stage 6: train the EAGLE-3 drafter (resumes from the newest checkpoint; torchrun-aware)."""
     from eyas import train as stage
 
-    result = stage.run(_open_run(config, quiet), quiet, stop_after)
+    run_config = _open_run(config, quiet)
+    if not _ready(run_config, "train", config, redo):
+        return
+    result = stage.run(run_config, quiet, stop_after, redo)
     if result["eval"] is not None:
         accs = " ".join(f"{a:.3f}" for a in result["eval"]["acc"])
         console.print(
@@ -132,14 +169,28 @@ def train(
 @app.command()
 def export(
     config: ConfigArg,
-    format: Annotated[str, typer.Option("--format", help="sglang, vllm or speculators.")] = "sglang",
+    format: Annotated[
+        str | None,
+        typer.Option(
+            "--format", help="sglang, vllm or speculators: one extra layout (default: the layouts the run serves)."
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Output directory (default run_dir/export/FORMAT).")] = None,
+    redo: RedoOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Write the trained drafter in a layout SGLang, vLLM or speculators serves."""
     from eyas import export as stage
+    from eyas import pipeline
 
-    console.print(f"exported to {stage.run(_open_run(config, quiet), format, out, quiet)}")
+    run_config = _open_run(config, quiet)
+    if format is None and out is None:
+        if _ready(run_config, "export", config, redo):
+            for written in stage.run(run_config, quiet):
+                console.print(f"exported to {written}")
+        return
+    pipeline.require_inputs(run_config, "export", str(config))
+    console.print(f"exported to {stage.export_one(run_config, format or 'sglang', out)}")
 
 
 @app.command("eval")
@@ -160,15 +211,19 @@ def eval_(
     ] = None,
     quiet: QuietOpt = False,
 ) -> None:
-    """Stage 7: speculative decoding with the drafter vs prompt lookup: τ, acceptance, lossless check."""
+    """Stage 7: speculative decoding with the drafter vs prompt lookup: τ, acceptance, lossless check.
+
+    With --prompts, --draft or --engine other than the config's, the report goes to eval/<name>/
+    beside the run's own, which it never replaces."""
     from eyas import eval as stage
 
     if engine not in (None, "eyas", "vllm"):
         raise ConfigError(f"--engine: {engine!r} is not one of eyas, vllm")
-    report = stage.run(
-        _open_run(config, quiet), quiet, prompts=str(prompts) if prompts else None, draft=draft, engine=engine
+    run_config, name = stage.with_overrides(
+        _open_run(config, quiet), str(prompts) if prompts else None, str(draft) if draft else None, engine
     )
-    _exit_on_eval_failures(report)
+    _ready(run_config, "eval", config, paths=stage.eval_paths(run_config, name))
+    _exit_on_eval_failures(stage.run(run_config, quiet, name))
 
 
 def _exit_on_eval_failures(report: dict) -> None:
@@ -194,12 +249,19 @@ def run_stages(
     verify_ids: Annotated[
         bool, typer.Option("--verify-ids", help="Tokenize: compare rebuilt ids with sampled ids.")
     ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show each stage as current, stale or missing, and what would run.")
+    ] = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Run the configured stages in order; finished stages are skipped, stale input is refused."""
+    """Run the configured stages in order: current stages are skipped, stale ones redone."""
     from eyas import pipeline
 
-    results = pipeline.run(_open_run(config, quiet), quiet, first, last, verify_ids, config_path=str(config))
+    run_config = _open_run(config, quiet or dry_run)
+    if dry_run:
+        console.print(pipeline.status_table(run_config, pipeline.select(first, last)))
+        return
+    results = pipeline.run(run_config, quiet, first, last, verify_ids, config_path=str(config))
     eval_report = results.get("eval", {}).get("result")
     if eval_report:
         _exit_on_eval_failures(eval_report)
@@ -207,10 +269,13 @@ def run_stages(
 
 @app.command()
 def status(config: ConfigArg) -> None:
-    """Per dataset: prompts, records done, completion tokens, finish reasons."""
+    """Every stage as current, stale (and why) or missing; per dataset, how far generation has got."""
+    from eyas import pipeline
     from eyas.generate.status import collect, table
 
-    console.print(table(collect(_open_run(config, quiet=True))))
+    run_config = _open_run(config, quiet=True)
+    console.print(pipeline.status_table(run_config))
+    console.print(table(collect(run_config)))
 
 
 @app.command()

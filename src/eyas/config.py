@@ -376,6 +376,8 @@ class EvalConfig(Section):
     """vLLM tensor parallelism for eval.engine: vllm (GPUs the target is split over)."""
     prompts: str | None = None
     """Prompt file to evaluate on instead of the merge's held-out split."""
+    draft: str | None = None
+    """Drafter directory to evaluate instead of the run's export (any layout eyas reads)."""
     broken_control: bool = True
     """Also run the drafter fed its aux states in the wrong order; its τ should collapse toward 1."""
     lookup_max_ngram: int = Field(default=3, ge=1)
@@ -473,8 +475,9 @@ def load_config(path: str | Path) -> RunConfig:
     base = path.resolve().parent
     updates: dict[str, Any] = {"run_dir": str((base / config.run_dir).resolve())}
     config = config.model_copy(update=updates)
-    if config.eval.prompts is not None:
-        config.eval.prompts = str((base / Path(config.eval.prompts).expanduser()).resolve())
+    for key in ("prompts", "draft"):
+        if getattr(config.eval, key) is not None:
+            setattr(config.eval, key, str((base / Path(getattr(config.eval, key)).expanduser()).resolve()))
     for d in config.datasets:
         # A relative local source is relative to the config file; a hub id stays as it is.
         local = (base / d.source).exists() or Path(d.source).suffix in (".jsonl", ".json", ".parquet")

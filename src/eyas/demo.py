@@ -24,6 +24,7 @@ from rich.table import Table
 from eyas.config import load_config
 from eyas.console import console, setup_logging
 from eyas.paths import RunPaths
+from eyas.stage import read_marker
 
 DEMO_PROMPTS = 192
 MAX_TOKENS = 128
@@ -103,8 +104,8 @@ def summarize(config, results: dict[str, dict], wall_s: float) -> dict:
     report = json.loads(paths.eval_report.read_text())
     methods = report["methods"]
     lossless = all(m["lossless"]["identical"] == m["lossless"]["checked"] for m in methods.values())
-    train_marker = paths.root / "pipeline" / "train.json"
-    train_timing = json.loads(train_marker.read_text()) if train_marker.exists() else {}
+    train_marker = read_marker(paths.marker("train"))
+    train_timing = train_marker["run"] if train_marker else {}
     return {
         "train_samples": merged["train"]["samples"],
         "train_tokens": merged["train"]["tokens"],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -54,3 +55,51 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 def write_json_atomic(path: Path, data, **dumps) -> None:
     write_text_atomic(path, json.dumps(data, **({"indent": 2} | dumps)) + "\n")
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    errno = ctypes.get_errno()
+    if errno in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: this kernel or file system cannot exchange
+        return False
+    raise OSError(errno, os.strerror(errno), str(a))
+
+
+def replace_dir(new: Path, old: Path) -> None:
+    """Put the complete directory ``new`` where ``old`` is, so that a crash at any moment leaves
+    either all of ``old`` or all of ``new`` at ``old``'s name, never a mix and never nothing.
+
+    A stage builds a redo beside its current outputs (their marker inside) and swaps it in here.
+    Where the two cannot be exchanged in one step, ``old`` is first renamed to ``<old>.old``,
+    which :func:`recover_dir` puts back if a crash falls between the two renames.
+    """
+    recover_dir(old)
+    if not old.exists():
+        new.rename(old)
+    elif _exchange(new, old):
+        shutil.rmtree(new)
+    else:
+        aside = old.with_name(old.name + ".old")
+        old.rename(aside)
+        new.rename(old)
+        shutil.rmtree(aside)
+    fsync_dir(old.parent)
+
+
+def recover_dir(path: Path) -> None:
+    """Undo a :func:`replace_dir` cut between its two renames: the old outputs come back."""
+    aside = path.with_name(path.name + ".old")
+    if aside.exists():
+        if path.exists():
+            shutil.rmtree(aside)
+        else:
+            aside.rename(path)

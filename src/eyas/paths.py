@@ -1,4 +1,9 @@
-"""Where each stage keeps its output under ``run_dir``: one place, so stages never guess."""
+"""Where each stage keeps its output under ``run_dir``: one place, so stages never guess.
+
+A stage that redoes finished work builds the new outputs beside the current ones, in
+``<dir>.redo`` (:meth:`RunPaths.rebuilding`), and swaps them in when complete
+(:func:`eyas.files.replace_dir`); until then the current outputs and their marker stay whole.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +12,46 @@ from pathlib import Path
 
 MERGE_STATS = "stats.json"
 HIDDEN_INDEX = "index.json"
+MARKER = "stage.json"
 """File names also used inside directories a stage writes elsewhere first (a temporary merge
 directory renamed into place) or that a reader opens by directory (hidden states)."""
+REDO_SUFFIX = ".redo"
 
 
 @dataclass(frozen=True)
 class RunPaths:
     root: Path
+    moved: tuple[tuple[str, Path], ...] = ()
+    """Stage directories that live elsewhere in this view: a redo being built, a named evaluation."""
 
     @classmethod
     def of(cls, config) -> RunPaths:
         """The layout of a loaded RunConfig's run_dir."""
         return cls(Path(config.run_dir))
+
+    def _dir(self, name: str) -> Path:
+        return dict(self.moved).get(name, self.root / name)
+
+    def rebuilding(self, name: str) -> RunPaths:
+        """This layout with stage directory ``name`` (``hidden``, ``train``) in its redo place."""
+        return self.moving(name, self.root / (name + REDO_SUFFIX))
+
+    def moving(self, name: str, path: Path) -> RunPaths:
+        return RunPaths(self.root, (*((n, p) for n, p in self.moved if n != name), (name, path)))
+
+    def marker(self, stage: str) -> Path:
+        """A stage's marker, inside the directory its outputs are committed with, so that swapping
+        that directory in swaps outputs and marker together."""
+        where = {
+            "generate": self.generate_dir,
+            "tokenize": self.tokenize_dir,
+            "merge": self.merge_dir,
+            "extract": self.hidden_dir,
+            "train": self.train_final,
+            "export": self.export_dir,
+            "eval": self.eval_dir,
+        }
+        return where[stage] / MARKER
 
     @property
     def log_file(self) -> Path:
@@ -26,7 +59,7 @@ class RunPaths:
 
     @property
     def generate_dir(self) -> Path:
-        return self.root / "generate"
+        return self._dir("generate")
 
     def generations(self, dataset: str) -> Path:
         return self.generate_dir / f"{dataset}.jsonl"
@@ -46,7 +79,7 @@ class RunPaths:
 
     @property
     def tokenize_dir(self) -> Path:
-        return self.root / "tokenize"
+        return self._dir("tokenize")
 
     def tokenized(self, dataset: str) -> Path:
         return self.tokenize_dir / f"{dataset}.parquet"
@@ -61,7 +94,7 @@ class RunPaths:
 
     @property
     def merge_dir(self) -> Path:
-        return self.root / "merge"
+        return self._dir("merge")
 
     @property
     def merge_stats(self) -> Path:
@@ -70,7 +103,7 @@ class RunPaths:
 
     @property
     def hidden_dir(self) -> Path:
-        return self.root / "hidden"
+        return self._dir("hidden")
 
     @property
     def hidden_index(self) -> Path:
@@ -79,7 +112,7 @@ class RunPaths:
 
     @property
     def train_dir(self) -> Path:
-        return self.root / "train"
+        return self._dir("train")
 
     @property
     def train_vocab(self) -> Path:
@@ -97,19 +130,15 @@ class RunPaths:
 
     @property
     def export_dir(self) -> Path:
-        return self.root / "export"
+        return self._dir("export")
 
     def export(self, layout: str) -> Path:
         return self.export_dir / layout
 
     @property
     def eval_dir(self) -> Path:
-        return self.root / "eval"
+        return self._dir("eval")
 
     @property
     def eval_report(self) -> Path:
         return self.eval_dir / "report.json"
-
-    def stage_marker(self, stage: str) -> Path:
-        """Written by ``eyas run`` when a stage finishes: its fingerprint and timing."""
-        return self.root / "pipeline" / f"{stage}.json"

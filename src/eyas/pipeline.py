@@ -1,36 +1,35 @@
-"""``eyas run``: every configured stage in order, skipping what is done, refusing stale input.
+"""``eyas run``, ``eyas status`` and the check every stage command makes before it starts.
 
 Order: generate, tokenize, merge, extract (skipped when ``extract.mode: online``), train,
-export, eval. Each stage declares its outputs and fingerprint (:mod:`eyas.stage`); after a
-stage finishes the pipeline writes ``run_dir/pipeline/<stage>.json`` with a hash of that
-fingerprint, the same one the stage's own resume check uses. A stage is
+export, eval. Each stage writes a marker when it finishes, however it was started, and is
+*current* only when that marker equals the one it would write now (:mod:`eyas.stage`), else
+*stale* (the marker names settings or inputs that changed) or *missing* (it has not finished).
+A stage is also stale when a stage before it is not current: it will be redone after it.
 
-- *missing* when one of its outputs does not exist,
-- *stale* when an output is older than its upstream stage's newest output, or its
-  fingerprint has changed since,
-- *done* otherwise, and then skipped.
-
-A stage whose input (the previous stage's output) is missing or stale is not started: the
-error names the stage to run first. Generate and eval always run: each resumes on its own,
-per prompt, and guards its own settings, so rerunning them costs only a scan.
+- ``eyas run`` runs every stage that is not current, in order, and skips the rest. A stage
+  redone makes every later one stale, so they are redone too. Generate, tokenize and eval
+  always run: they keep per-record results keyed by content and redo exactly what changed.
+  Generate's records are never set aside by ``eyas run``: they may have cost money, so a change
+  of sampling settings stops the run and names ``eyas generate CONFIG --redo``.
+- A stage's own command (:func:`prepare`) refuses to start on input that is not current, and
+  refuses to replace outputs made otherwise unless given ``--redo``; a longer training run
+  needs no ``--redo``: it continues.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from rich.table import Table
 
 from eyas.config import ConfigError, RunConfig
 from eyas.console import console
-from eyas.files import write_json_atomic
 from eyas.paths import RunPaths
-from eyas.records import content_hash
-from eyas.stage import StageContract, StageError
+from eyas.stage import StageContract, StageError, StageState, check
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +37,13 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Stage:
     contract: StageContract
-    """Its outputs and fingerprint, declared by the stage itself."""
-    call: Callable[[RunConfig, bool, bool], Any]
-    """(config, quiet, verify_ids) -> the stage's result."""
-    resumes_itself: bool = False
-    """Always called: the stage skips its own finished work (per prompt) and guards its settings."""
+    """Its inputs, fingerprint and outputs, declared by the stage itself."""
+    call: Callable[[RunConfig, bool, bool, bool], Any]
+    """(config, quiet, verify_ids, redo) -> the stage's result."""
 
     @property
     def name(self) -> str:
         return self.contract.name
-
-    def outputs(self, config: RunConfig, paths: RunPaths) -> list[Path]:
-        return self.contract.outputs(config, paths)
 
 
 def _stages() -> tuple[Stage, ...]:
@@ -57,13 +51,13 @@ def _stages() -> tuple[Stage, ...]:
     from eyas import export, extract, generate, merge, tokenize, train
 
     return (
-        Stage(generate.CONTRACT, lambda c, quiet, v: generate.run(c, quiet), True),
-        Stage(tokenize.CONTRACT, lambda c, quiet, v: tokenize.run(c, quiet, verify_ids=v)),
-        Stage(merge.CONTRACT, lambda c, quiet, v: merge.run(c, quiet)),
-        Stage(extract.CONTRACT, lambda c, quiet, v: extract.run(c, quiet)),
-        Stage(train.CONTRACT, lambda c, quiet, v: train.run(c, quiet)),
-        Stage(export.CONTRACT, lambda c, quiet, v: [export.run(c, f, None, quiet) for f in export.formats_for(c)]),
-        Stage(evaluation.CONTRACT, lambda c, quiet, v: evaluation.run(c, quiet), True),
+        Stage(generate.CONTRACT, lambda c, quiet, v, redo: generate.run(c, quiet, redo)),
+        Stage(tokenize.CONTRACT, lambda c, quiet, v, redo: tokenize.run(c, quiet, verify_ids=v)),
+        Stage(merge.CONTRACT, lambda c, quiet, v, redo: merge.run(c, quiet)),
+        Stage(extract.CONTRACT, lambda c, quiet, v, redo: extract.run(c, quiet, redo)),
+        Stage(train.CONTRACT, lambda c, quiet, v, redo: train.run(c, quiet, redo=redo)),
+        Stage(export.CONTRACT, lambda c, quiet, v, redo: export.run(c, quiet)),
+        Stage(evaluation.CONTRACT, lambda c, quiet, v, redo: evaluation.run(c, quiet)),
     )
 
 
@@ -76,30 +70,104 @@ def active_stages(config: RunConfig) -> list[Stage]:
     return [s for s in STAGES if not (s.name == "extract" and config.extract.mode == "online")]
 
 
-def _settings(config: RunConfig, stage: Stage) -> str:
-    return content_hash(stage.contract.fingerprint(config))
+def upstream(config: RunConfig, name: str) -> list[str]:
+    """Every stage whose outputs ``name`` depends on, directly or through another, in order."""
+    contracts = {s.name: s.contract for s in STAGES}
+    needed, todo = set(), list(contracts[name].inputs(config))
+    while todo:
+        stage = todo.pop()
+        if stage not in needed:
+            needed.add(stage)
+            todo += contracts[stage].inputs(config)
+    return [s for s in STAGE_NAMES if s in needed]
 
 
-def state(config: RunConfig, stage: Stage, upstream: Stage | None) -> tuple[str, str]:
-    """(``missing`` | ``stale`` | ``done``, why) for one stage's outputs."""
-    paths = RunPaths.of(config)
-    outputs = stage.outputs(config, paths)
-    absent = [p for p in outputs if not p.exists()]
-    if absent:
-        return "missing", f"{absent[0]} does not exist"
-    marker = paths.stage_marker(stage.name)
-    if marker.is_file() and json.loads(marker.read_text()).get("settings") != _settings(config, stage):
-        return "stale", "the settings it depends on changed since it ran"
-    if upstream is not None:
-        inputs = [p for p in upstream.outputs(config, paths) if p.exists()]
-        oldest = min(p.stat().st_mtime for p in outputs)
-        newer = [p for p in inputs if p.stat().st_mtime > oldest]
-        if newer:
-            return "stale", f"its input {newer[0]} is newer than its output"
-    return "done", "up to date"
+def statuses(config: RunConfig, paths: RunPaths | None = None) -> dict[str, StageState]:
+    """Every active stage's state, before anything runs; a stage after one that is not current
+    is stale too, since running it would redo it."""
+    paths = paths or RunPaths.of(config)
+    states: dict[str, StageState] = {}
+    for stage in active_stages(config):
+        state = check(config, stage.contract, paths)
+        behind = [u for u in upstream(config, stage.name) if states[u].status != "current"]
+        if state.status == "current" and behind:
+            state = StageState(stage.name, "stale", [f"{behind[0]} before it is {states[behind[0]].status}"])
+        states[stage.name] = state
+    return states
 
 
-def _select(config: RunConfig, first: str | None, last: str | None) -> list[Stage]:
+def next_step(stage: Stage, state: StageState) -> str:
+    """What ``eyas run`` would do with a stage in this state."""
+    if stage.contract.resumes_itself:
+        return "run (redoes what changed)" if state.status != "current" else "run (nothing to do)"
+    if state.status == "current":
+        return "skip"
+    if state.extendable:
+        return "continue"
+    return "redo" if state.status == "stale" else "run"
+
+
+def status_table(config: RunConfig, selected: list[Stage] | None = None) -> Table:
+    states = statuses(config)
+    t = Table(title=f"stages of {config.run_dir}")
+    for col in ("stage", "state", "why", "eyas run would"):
+        t.add_column(col)
+    colors = {"current": "green", "stale": "yellow", "missing": "red"}
+    for stage in selected or STAGES:
+        if stage.name not in states:
+            t.add_row(stage.name, "skipped", "extract.mode is online: training computes the states", "skip")
+            continue
+        state = states[stage.name]
+        t.add_row(stage.name, f"[{colors[state.status]}]{state.status}[/]", state.why, next_step(stage, state))
+    return t
+
+
+def _stage(name: str) -> Stage:
+    return STAGES[STAGE_NAMES.index(name)]
+
+
+def _redo_hint(stage: Stage, state: StageState, config_path: str) -> str:
+    redo = state.status == "stale" and not stage.contract.resumes_itself
+    return f"run `eyas {stage.name} {config_path}{' --redo' if redo else ''}` (or `eyas run {config_path}`) first"
+
+
+def require_inputs(config: RunConfig, name: str, config_path: str = "CONFIG", paths: RunPaths | None = None) -> None:
+    """Refuse to start ``name`` on input that is missing or stale, naming the command that mends it."""
+    paths = paths or RunPaths.of(config)
+    for before in map(_stage, upstream(config, name)):
+        state = check(config, before.contract, paths)
+        if state.status != "current":
+            raise StageError(
+                f"{name}: its input from stage {before.name} is {state.status} ({state.why}); "
+                + _redo_hint(before, state, config_path)
+            )
+
+
+def prepare(
+    config: RunConfig, name: str, redo: bool = False, config_path: str = "CONFIG", paths: RunPaths | None = None
+) -> bool:
+    """Before a stage's own command: its input must be current, and outputs made otherwise are
+    replaced only with ``redo`` (or when the stage continues them). False when the stage is
+    current and need not run."""
+    paths = paths or RunPaths.of(config)
+    require_inputs(config, name, config_path, paths)
+    stage = _stage(name)
+    if stage.contract.resumes_itself:
+        return True
+    state = check(config, stage.contract, paths)
+    if state.status == "current":
+        log.info("%s: up to date (%s); nothing to do", name, paths.marker(name))
+        return False
+    if state.status == "stale" and not (redo or state.extendable):
+        raise StageError(
+            f"{name}: its outputs were made with other settings or input ({state.why}); run `eyas {name} "
+            f"{config_path} --redo` to redo it (the current outputs stay whole until the new ones replace them)"
+        )
+    return True
+
+
+def select(first: str | None = None, last: str | None = None) -> list[Stage]:
+    """Stages ``first``..``last`` (``--from``, ``--to``), in order."""
     for option, name in (("--from", first), ("--to", last)):
         if name is not None and name not in STAGE_NAMES:
             raise ConfigError(f"{option}: unknown stage {name!r}; stages: {', '.join(STAGE_NAMES)}")
@@ -118,42 +186,39 @@ def run(
     verify_ids: bool = False,
     config_path: str = "CONFIG",
 ) -> dict[str, dict]:
-    """Run stages ``first``..``last``; returns per stage ``{status, result}`` (+ ``seconds``,
-    ``cpu_seconds`` for the stages that ran)."""
+    """Run stages ``first``..``last`` that are not current; returns per stage ``{status, result}``
+    (+ ``seconds``, ``cpu_seconds`` for the stages that ran)."""
     paths = RunPaths.of(config)
     active = active_stages(config)
     results: dict[str, dict] = {}
-    for stage in _select(config, first, last):
+    for stage in select(first, last):
         if stage not in active:
             log.info("%s: skipped (extract.mode is online: training computes hidden states itself)", stage.name)
             results[stage.name] = {"status": "skipped", "result": None}
             continue
-        index = active.index(stage)
-        upstream = active[index - 1] if index > 0 else None
-        if upstream is not None and upstream.name not in results:
-            status, why = state(config, upstream, active[index - 2] if index > 1 else None)
-            if status != "done":
+        for before in map(_stage, upstream(config, stage.name)):
+            if before.name in results:
+                continue
+            state = check(config, before.contract, paths)
+            if state.status != "current":
                 raise StageError(
-                    f"{stage.name}: its input from stage {upstream.name} is {status} ({why}); "
-                    f"run `eyas run {config_path} --from {upstream.name}` first"
+                    f"{stage.name}: its input from stage {before.name} is {state.status} ({state.why}); "
+                    f"run `eyas run {config_path} --from {before.name}` first"
                 )
-        if not stage.resumes_itself:
-            status, why = state(config, stage, upstream)
-            if status == "done":
+        if not stage.contract.resumes_itself:
+            state = check(config, stage.contract, paths)
+            if state.status == "current":
                 log.info("%s: up to date, skipped", stage.name)
                 results[stage.name] = {"status": "up to date", "result": None}
                 continue
-            log.info("%s: %s (%s)", stage.name, "running" if status == "missing" else "rerunning", why)
+            log.info("%s: %s (%s)", stage.name, next_step(stage, state), state.why)
         if not quiet:
             console.rule(stage.name)
         started, cpu_started = time.monotonic(), time.process_time()
-        result = stage.call(config, quiet, verify_ids)
+        # Outputs made otherwise are replaced, never refused, except generate's paid-for records.
+        result = stage.call(config, quiet, verify_ids, not stage.contract.resumes_itself)
         # CPU time beside wall time: on a shared machine it is the figure that predicts an idle one.
         seconds, cpu_seconds = time.monotonic() - started, time.process_time() - cpu_started
         log.info("%s: done in %.0f s (%.0f s of CPU)", stage.name, seconds, cpu_seconds)
-        timing = {"seconds": seconds, "cpu_seconds": cpu_seconds}
-        write_json_atomic(
-            paths.stage_marker(stage.name), {"settings": _settings(config, stage), **timing, "finished": time.time()}
-        )
-        results[stage.name] = {"status": "ran", **timing, "result": result}
+        results[stage.name] = {"status": "ran", "seconds": seconds, "cpu_seconds": cpu_seconds, "result": result}
     return results

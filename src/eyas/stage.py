@@ -1,20 +1,36 @@
-"""The contract each stage keeps with ``eyas run`` and with its own reruns.
+"""The contract each stage keeps with the stages after it, with ``eyas run`` and with its own reruns.
 
-A stage declares, once, the files whose existence means it finished (``outputs``) and the
-fingerprint of everything those files depend on besides its input stage's files
-(``fingerprint``: config keys, the target's and tokenizer's identity). The stage's own resume
-check and ``eyas run``'s staleness check use that same fingerprint, so they cannot disagree
-about whether a change (``target.tokenizer``, ``generate.stop``, ...) calls for a redo.
+However a stage is started (``eyas run`` or its own command), it finishes by writing one marker,
+``stage.json``, inside the directory its outputs are committed with (:meth:`RunPaths.marker`)::
+
+    {"stage": "train", "format": 1,
+     "fingerprint": {"train.lr": 0.0001, ...},   # every setting its outputs depend on
+     "inputs": {"merge": "<digest>"},            # digests of the upstream markers it consumed
+     "outputs": {...},                           # content digests of outputs appended in place (generate)
+     "run": {"seconds": 12.3, ...}}              # how this run went; not part of the digest
+
+A marker's digest covers everything but ``run``, so markers chain: a stage is *current* only if
+the marker it would write now — its fingerprint under today's config, the digests of the
+markers upstream today, the content of its in-place outputs today — equals the one on disk.
+Nothing compares modification times. A fingerprint is a flat mapping of config key paths, so
+a mismatch is reported as the keys the user changed (``train.lr: 0.0001 → 0.0002``).
 """
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from eyas.config import RunConfig, TargetConfig
+from eyas.files import write_json_atomic
 from eyas.paths import RunPaths
+from eyas.records import content_hash
+
+MARKER_FORMAT = 1
 
 
 class StageError(Exception):
@@ -29,12 +45,186 @@ class StageError(Exception):
 @dataclass(frozen=True)
 class StageContract:
     name: str
-    outputs: Callable[[RunConfig, RunPaths], list[Path]]
-    """Files whose existence means the stage has finished."""
+    inputs: Callable[[RunConfig], list[str]]
+    """The upstream stages whose outputs (and so markers) this stage consumes under a config."""
     fingerprint: Callable[[RunConfig], dict]
-    """Everything the outputs depend on besides the input stage's files."""
+    """Everything else its outputs depend on, as ``{key path: value}``; settings that change only
+    speed or reporting stay out, each with a comment saying why."""
+    outputs: Callable[[RunConfig, RunPaths], list[Path]]
+    """Files whose existence the marker vouches for."""
+    observe: Callable[[RunConfig, RunPaths], dict] | None = None
+    """Content digests of outputs the stage appends to in place (generate's records), recorded in
+    the marker and compared with the files as they are now."""
+    extends: Callable[[dict, dict], bool] | None = None
+    """Whether outputs made under the old fingerprint can be continued to the new one (a longer
+    training run) instead of redone."""
+    resumes_itself: bool = False
+    """Always run, never refused: the stage keeps per-record results keyed by their content and
+    redoes exactly what changed (generate, tokenize, eval)."""
+
+
+def flat(prefix: str, value: Any) -> dict:
+    """A config section as ``{"section.key": value}``: a changed key is named as the user wrote it."""
+    if isinstance(value, dict) and value:
+        return {k: v for key, sub in value.items() for k, v in flat(f"{prefix}.{key}", sub).items()}
+    return {prefix: value}
 
 
 def target_identity(target: TargetConfig) -> dict:
-    """Which target and tokenizer: the keys that change ids and states (not the device they run on)."""
-    return target.model_dump(mode="json", include={"model", "revision", "tokenizer"})
+    """Which target and tokenizer: the keys that change ids (not the device or dtype they run in)."""
+    return flat("target", target.model_dump(mode="json", include={"model", "revision", "tokenizer"}))
+
+
+def file_digest(path: Path) -> str:
+    """The sha256 of a file's bytes (what a marker records of content, never its mtime)."""
+    import hashlib
+
+    with path.open("rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def digest(marker: dict) -> str:
+    return content_hash({k: v for k, v in marker.items() if k != "run"})
+
+
+def read_marker(path: Path) -> dict | None:
+    if not path.is_file():
+        return None
+    try:
+        marker = json.loads(path.read_text())
+    except ValueError:
+        marker = None
+    if not isinstance(marker, dict):
+        raise StageError(f"{path}: not a stage marker; delete it and rerun that stage")
+    return marker
+
+
+def expected_marker(config: RunConfig, contract: StageContract, paths: RunPaths, observe: bool = True) -> dict:
+    """The marker the stage would write if it finished now (its in-place outputs observed unless
+    ``observe`` is false: a stage about to run observes them when it ends)."""
+    inputs = {}
+    for name in contract.inputs(config):
+        upstream = read_marker(paths.marker(name))
+        inputs[name] = digest(upstream) if upstream is not None else None
+    marker = {
+        "stage": contract.name,
+        "format": MARKER_FORMAT,
+        "fingerprint": contract.fingerprint(config),
+        "inputs": inputs,
+    }
+    if contract.observe is not None and observe:
+        marker["outputs"] = contract.observe(config, paths)
+    return marker
+
+
+@dataclass
+class StageRun:
+    """A stage under way: the marker it will write, fixed when it started (the inputs it read
+    then, not whatever is upstream when it ends), and its clock."""
+
+    contract: StageContract
+    marker: dict
+    started: tuple[float, float] = field(default_factory=lambda: (time.monotonic(), time.process_time()))
+
+    def finish(self, path: Path, config: RunConfig | None = None, paths: RunPaths | None = None, **run) -> dict:
+        """Write the marker to ``path`` (inside the outputs' directory, before it is swapped in).
+        Stages with in-place outputs pass ``config`` and ``paths`` so they are observed as they
+        ended. ``run`` adds facts of this run (``continued_from_step``) beside the timings."""
+        from eyas import __version__
+
+        marker = dict(self.marker)
+        if self.contract.observe is not None and config is not None and paths is not None:
+            marker["outputs"] = self.contract.observe(config, paths)
+        wall, cpu = self.started
+        marker["run"] = {
+            "seconds": round(time.monotonic() - wall, 3),
+            "cpu_seconds": round(time.process_time() - cpu, 3),
+            "finished": time.time(),
+            "eyas": __version__,
+            **run,
+        }
+        write_json_atomic(path, marker)
+        return marker
+
+
+def begin(config: RunConfig, contract: StageContract, paths: RunPaths) -> StageRun:
+    return StageRun(contract, expected_marker(config, contract, paths, observe=False))
+
+
+@dataclass
+class StageState:
+    stage: str
+    status: str
+    """``current``, ``stale`` or ``missing``."""
+    changes: list[str] = field(default_factory=list)
+    """What differs from the marker on disk, or why there is none, in the user's terms."""
+    extendable: bool = False
+    """Stale only by settings its outputs can be continued to (``StageContract.extends``)."""
+
+    @property
+    def why(self) -> str:
+        return "; ".join(self.changes) if self.changes else "up to date"
+
+
+def check(config: RunConfig, contract: StageContract, paths: RunPaths) -> StageState:
+    """Compare the marker on disk with the one the stage would write now."""
+    name = contract.name
+    path = paths.marker(name)
+    on_disk = read_marker(path)
+    if on_disk is None:
+        return StageState(name, "missing", [f"{_shown(path, paths)} does not exist: {name} has not finished"])
+    absent = [p for p in contract.outputs(config, paths) if not p.exists()]
+    if absent:
+        return StageState(name, "missing", [f"{_shown(absent[0], paths)} is missing"])
+    now = expected_marker(config, contract, paths)
+    changes = differences(on_disk, now)
+    if not changes:
+        return StageState(name, "current")
+    only_settings = on_disk.get("inputs") == now["inputs"] and on_disk.get("outputs") == now.get("outputs")
+    extendable = (
+        contract.extends is not None
+        and on_disk.get("format") == MARKER_FORMAT
+        and only_settings
+        and contract.extends(on_disk.get("fingerprint", {}), now["fingerprint"])
+    )
+    return StageState(name, "stale", changes, extendable)
+
+
+_UNSET = object()
+
+
+def differences(old: dict, new: dict) -> list[str]:
+    """What changed between two markers, one phrase per setting, input or output."""
+    if old.get("format") != new["format"] or old.get("stage") != new["stage"]:
+        return [f"made by another eyas version (marker format {old.get('format')!r}, now {new['format']})"]
+    changes = []
+    was, now = old.get("fingerprint", {}), new["fingerprint"]
+    for key in sorted({*was, *now}):
+        a, b = was.get(key, _UNSET), now.get(key, _UNSET)
+        if a != b:
+            changes.append(f"{key}: {_value(a)} → {_value(b)}")
+    was, now = old.get("inputs", {}), new["inputs"]
+    for name in sorted({*was, *now}):
+        if now.get(name) is None:
+            changes.append(f"its input {name} has not finished")
+        elif was.get(name) != now.get(name):
+            changes.append(f"its input {name} was redone since")
+    was, now = old.get("outputs", {}), new.get("outputs", {})
+    for name in sorted({*was, *now}):
+        if was.get(name) != now.get(name):
+            changes.append(f"{name} changed since {new['stage']} wrote it")
+    return changes
+
+
+def _value(value: Any) -> str:
+    if value is _UNSET:
+        return "(not set)"
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _shown(path: Path, paths: RunPaths) -> str:
+    try:
+        return str(path.relative_to(paths.root.parent))
+    except ValueError:
+        return str(path)

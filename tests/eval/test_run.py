@@ -22,7 +22,7 @@ def run_setup(tmp_path_factory, overfit):
     (root / "run.yaml").write_text(
         "run_dir: run\n"
         "target: {model: embedded, device: cpu}\n"
-        f"eval: {{num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl}}\n"
+        f"eval: {{num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl, draft: draft}}\n"
     )
     return root
 
@@ -32,7 +32,7 @@ def test_run_writes_report_and_plot_and_resumes(run_setup):
     from eyas import eval as stage
 
     config = load_config(run_setup / "run.yaml")
-    report = stage.run(config, quiet=True, draft=run_setup / "draft")
+    report = stage.run(config, quiet=True)
     out = run_setup / "run" / "eval"
     assert json.loads((out / "report.json").read_text()) == report
     assert (out / "acceptance.png").stat().st_size > 10_000
@@ -47,7 +47,7 @@ def test_run_writes_report_and_plot_and_resumes(run_setup):
 
     results = list(out.glob("results-*.jsonl"))
     assert len(results) == 1 and len(results[0].read_text().splitlines()) == 2 * 4
-    again = stage.run(config, quiet=True, draft=run_setup / "draft")
+    again = stage.run(config, quiet=True)
     assert len(results[0].read_text().splitlines()) == 2 * 4  # nothing decoded twice
     assert again["methods"]["eagle3"]["tau"] == methods["eagle3"]["tau"]
 
@@ -55,5 +55,39 @@ def test_run_writes_report_and_plot_and_resumes(run_setup):
 def test_missing_drafter_is_a_clear_error(run_setup, tmp_path):
     from eyas import eval as stage
 
+    config, name = stage.with_overrides(load_config(run_setup / "run.yaml"), draft=str(tmp_path))
     with pytest.raises(StageError, match="no drafter"):
-        stage.run(load_config(run_setup / "run.yaml"), quiet=True, draft=tmp_path)
+        stage.run(config, quiet=True, name=name)
+
+
+@pytest.mark.slow
+def test_other_prompts_get_a_report_of_their_own(run_setup, tmp_path):
+    """``eyas eval --prompts OTHER`` once overwrote the run's report with figures on prompts its
+    config does not name."""
+    from eyas import eval as stage
+
+    config = load_config(run_setup / "run.yaml")
+    own = stage.run(config, quiet=True)
+    other = write_jsonl(tmp_path / "code.jsonl", [{"prompt": TEXTS[2]}])
+    named, name = stage.with_overrides(config, prompts=str(other))
+    assert name == "code"
+    report = stage.run(named, quiet=True, name=name)
+    eval_dir = run_setup / "run" / "eval"
+    assert report["prompts"] == 1 and json.loads((eval_dir / "code" / "report.json").read_text()) == report
+    assert (eval_dir / "code" / "acceptance.png").is_file() and (eval_dir / "code" / "stage.json").is_file()
+    assert json.loads((eval_dir / "report.json").read_text()) == own
+
+
+@pytest.mark.slow
+def test_an_edited_prompt_under_the_same_id_is_decoded_again(run_setup, tmp_path):
+    """The per-prompt cache was keyed by the prompt file's name: a prompt edited under its old id
+    kept its old outputs in the report."""
+    from eyas import eval as stage
+
+    prompts = write_jsonl(tmp_path / "ids.jsonl", [{"id": "q", "prompt": TEXTS[0]}])
+    config, name = stage.with_overrides(load_config(run_setup / "run.yaml"), prompts=str(prompts))
+    stage.run(config, quiet=True, name=name)
+    write_jsonl(prompts, [{"id": "q", "prompt": TEXTS[1]}])
+    stage.run(config, quiet=True, name=name)
+    rows = [json.loads(line) for f in (run_setup / "run" / "eval" / name).glob("results-*.jsonl") for line in f.open()]
+    assert len(rows) == 2 * 4 and len({r["prompt_digest"] for r in rows}) == 2

@@ -139,7 +139,7 @@ def test_the_export_readme_serve_command_runs_as_written(tmp_path, overfit, mode
     python = vllm_or_skip()
     run_dir = tmp_path / "run"
     overfit[3].save(run_dir / "train" / "final")
-    out = eyas.export.run(load_tiny(run_dir), "vllm")
+    out = eyas.export.export_one(load_tiny(run_dir), "vllm")
     command = _readme_vllm_command((out / "README.md").read_text())
     assert command.startswith("python -m vllm.entrypoints.openai.api_server --model ")
     with socket.socket() as s:

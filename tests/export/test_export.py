@@ -16,6 +16,7 @@ import eyas.export
 from eyas.config import ConfigError
 from eyas.drafter.model import Eagle3Drafter
 from eyas.stage import StageError
+from tests.stages import mark_finished
 from tests.train.conftest import load_tiny, subprocess_env, write_config
 from tests.train.helpers import small_drafter
 
@@ -90,7 +91,7 @@ def outputs(drafter):
 @pytest.mark.parametrize("fmt", ["sglang", "vllm"])
 def test_sglang_and_vllm_layout(trained_run, model, fmt):
     run_dir, drafter = trained_run
-    out = eyas.export.run(load_tiny(run_dir), fmt)
+    out = eyas.export.export_one(load_tiny(run_dir), fmt)
     assert out == run_dir / "export" / fmt
     assert set(load_file(str(out / "model.safetensors"))) == SGLANG_KEYS
     config = json.loads((out / "config.json").read_text())
@@ -114,7 +115,7 @@ def test_sglang_and_vllm_layout(trained_run, model, fmt):
 
 def test_speculators_layout(trained_run, model, tmp_path):
     run_dir, drafter = trained_run
-    out = eyas.export.run(load_tiny(run_dir), "speculators", out=tmp_path / "spec")
+    out = eyas.export.export_one(load_tiny(run_dir), "speculators", out=tmp_path / "spec")
     assert set(load_file(str(out / "model.safetensors"))) == SPECULATORS_KEYS
     config = json.loads((out / "config.json").read_text())
     assert set(config) == SPECULATORS_CONFIG_KEYS
@@ -136,7 +137,7 @@ def test_exported_weights_follow_the_umask(trained_run):
     run_dir, _ = trained_run
     previous = os.umask(0o027)
     try:
-        out = eyas.export.run(load_tiny(run_dir), "sglang")
+        out = eyas.export.export_one(load_tiny(run_dir), "sglang")
     finally:
         os.umask(previous)
     assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == 0o640
@@ -150,6 +151,11 @@ def test_export_before_training_names_the_missing_directory(tmp_path):
 def test_cli_export_and_bad_format(trained_run):
     run_dir, _ = trained_run
     config = write_config(run_dir)
+    # The drafter was made by hand: declare it, and the corpus it would come from, finished.
+    for path in (run_dir / "tokenize" / "report.json", run_dir / "merge" / "stats.json"):
+        path.parent.mkdir()
+        path.write_text("{}")
+    mark_finished(load_tiny(run_dir), "generate", "tokenize", "merge", "train")
     done = subprocess.run(
         [sys.executable, "-m", "eyas", "export", str(config), "--format", "vllm"],
         capture_output=True,
@@ -171,7 +177,7 @@ def test_cli_export_and_bad_format(trained_run):
 
 def test_speculators_readme_serves_the_directory(trained_run, tmp_path):
     run_dir, _ = trained_run
-    out = eyas.export.run(load_tiny(run_dir), "speculators")
+    out = eyas.export.export_one(load_tiny(run_dir), "speculators")
     assert (
         f"vllm.entrypoints.openai.api_server --model {out.resolve()} --dtype float32" in (out / "README.md").read_text()
     )
@@ -254,4 +260,4 @@ def test_export_refuses_layers_a_server_cannot_capture(trained_run):
         run_dir / "train" / "final", lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 14, 29])
     )
     with pytest.raises(ConfigError, match=r"0\.\.28 for a 30-layer target"):
-        eyas.export.run(load_tiny(run_dir), "vllm")
+        eyas.export.export_one(load_tiny(run_dir), "vllm")

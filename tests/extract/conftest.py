@@ -8,6 +8,7 @@ from eyas import merge
 from eyas.config import RunConfig
 from eyas.paths import RunPaths
 from tests.corpus import tokenized_rows, write_tokenized
+from tests.stages import mark_finished
 
 
 @pytest.fixture(scope="session")
@@ -29,6 +30,10 @@ def merged_run(tmp_path, extract_rows):
             "extract": {"shard_tokens": 64, "batch_tokens": 96},
         }
     )
+    paths.tokenize_report.write_text("{}")
+    paths.generations("chat").parent.mkdir()
+    paths.generations("chat").touch()
+    mark_finished(config, "generate", "tokenize")
     merge.run(config, quiet=True)
     return config
 

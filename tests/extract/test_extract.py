@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eyas import extract
+from eyas import extract, pipeline
 from eyas.config import ConfigError
 from eyas.estimate import gather
 from eyas.extract import storage
@@ -13,7 +13,7 @@ from eyas.extract.plan import bytes_per_token
 from eyas.extract.reader import HiddenStates
 from eyas.merge.reader import iter_split
 from eyas.paths import RunPaths
-from eyas.stage import StageError
+from eyas.stage import StageError, check
 from eyas.target.capture import default_aux_layers, forward, num_decoder_layers
 from tests.extract.conftest import with_extract
 
@@ -33,7 +33,7 @@ def test_offline_extraction_stores_the_documented_layers_for_every_train_sample(
     assert index["hf_hidden_state_indices"] == [i + 1 for i in layers]
     assert len(hidden) == len(train) == 6 and len(index["shards"]) > 1
     assert sorted(p.name for p in paths.hidden_dir.iterdir()) == sorted(
-        ["index.json"]
+        ["index.json", "stage.json"]
         + [s["file"] for s in index["shards"]]
         + [s["file"].replace(".safetensors", ".json") for s in index["shards"]]
     )
@@ -154,10 +154,52 @@ def test_rerun_skips_finished_shards_and_redoes_a_missing_one(merged_run):
     assert all(f.stat().st_mtime_ns == before[f] for f in files if f != files[1])
 
 
-def test_changed_settings_are_refused_not_mixed(merged_run):
+def test_changed_settings_make_the_states_stale_and_a_redo_replaces_them_whole(merged_run):
+    paths = RunPaths.of(merged_run)
+    first = extract.run(merged_run, quiet=True)
+    old_files = {s["file"]: s["sha256"] for s in first["shards"]}
+    other = with_extract(merged_run, aux_layers=[2, 10, 20])
+    state = check(other, extract.CONTRACT, paths)
+    assert state.status == "stale" and state.changes == ["extract.aux_layers: [1, 14, 26] → [2, 10, 20]"]
+    with pytest.raises(StageError, match=r"outputs were made with other settings .*`eyas extract CONFIG --redo`"):
+        pipeline.prepare(other, "extract")
+    second = extract.run(other, quiet=True, redo=True)
+    assert second["aux_layers"] == [2, 10, 20] and not paths.root.joinpath("hidden.redo").exists()
+    assert {s["file"]: s["sha256"] for s in second["shards"]}.keys() == old_files.keys()
+    assert all(storage.file_sha256(paths.hidden_dir / f) != sha for f, sha in old_files.items())
+    assert check(other, extract.CONTRACT, paths).status == "current"
+
+
+def test_states_in_progress_made_otherwise_are_refused_or_discarded(merged_run):
+    paths = RunPaths.of(merged_run)
     extract.run(merged_run, quiet=True)
-    with pytest.raises(StageError, match="other extract settings.*delete"):
-        extract.run(with_extract(merged_run, aux_layers=[2, 10, 20]), quiet=True)
+    # A run killed before its index: shards and sidecars only.
+    paths.hidden_index.unlink()
+    paths.marker("extract").unlink()
+    other = with_extract(merged_run, dtype="fp8")
+    with pytest.raises(StageError, match=r"made otherwise \(extract.dtype: \"bf16\" → \"fp8\"\).*--redo"):
+        extract.run(other, quiet=True)
+    index = extract.run(other, quiet=True, redo=True)
+    assert index["dtype"] == "fp8" and all(
+        json.loads(storage.sidecar_path(paths.hidden_dir, i).read_text())["made_with"]["fingerprint"]["extract.dtype"]
+        == "fp8"
+        for i in range(len(index["shards"]))
+    )
+
+
+def test_the_states_fingerprint_names_the_target_revision_and_served_dtype(merged_run):
+    """It once held the model name alone: states made in another dtype or from another revision
+    stayed current."""
+    extract.run(merged_run, quiet=True)
+    paths = RunPaths.of(merged_run)
+    target = merged_run.target
+    bf16 = merged_run.model_copy(update={"target": target.model_copy(update={"dtype": "bfloat16"})})
+    assert check(bf16, extract.CONTRACT, paths).changes == ['target.dtype: "float32" → "bfloat16"']
+    pinned = merged_run.model_copy(update={"target": target.model_copy(update={"revision": "v2"})})
+    assert check(pinned, extract.CONTRACT, paths).changes == ['target.revision: null → "v2"']
+
+
+def test_unservable_aux_layers_are_config_errors(merged_run):
     # The last layer's output is no layer's input, so no server can capture it.
     with pytest.raises(ConfigError, match=r"extract.aux_layers: \[1, 14, 29\] must lie in 0..28 for a 30-layer target"):
         extract.run(with_extract(merged_run, aux_layers=[1, 14, 29]), quiet=True)

@@ -1,9 +1,6 @@
-import json
-
 import pytest
 
-from eyas.config import ConfigError
-from eyas.generate.store import RecordWriter, conversation_for, make_record, scan, settings_guard
+from eyas.generate.store import RecordWriter, conversation_for, make_record, save_settings, scan, settings_changes
 from eyas.jsonl import DurableAppender, JsonlError, read_jsonl, recover
 from eyas.records import PromptRecord, Usage
 
@@ -76,17 +73,15 @@ def test_later_turns_carry_the_models_own_earlier_answers(tmp_path):
     assert conversation_for(turn1, scan(path))[1] == {"role": "assistant", "content": "regenerated"}
 
 
-def test_settings_guard_refuses_changed_sampling(tmp_path):
+def test_settings_changes_name_each_changed_sampling_setting(tmp_path):
     path = tmp_path / "settings.json"
-    settings_guard(path, {"temperature": 0.0, "max_tokens": 16})
-    settings_guard(path, {"temperature": 0.0, "max_tokens": 16})
-    with pytest.raises(ConfigError, match=r"generate.temperature: 0.0 -> 0.7"):
-        settings_guard(path, {"temperature": 0.7, "max_tokens": 16})
-    assert json.loads(path.read_text())["temperature"] == 0.0
+    assert settings_changes(path, {"temperature": 0.0, "max_tokens": 16}) == {}
+    save_settings(path, {"temperature": 0.0, "max_tokens": 16})
+    assert settings_changes(path, {"temperature": 0.0, "max_tokens": 16}) == {}
+    assert settings_changes(path, {"temperature": 0.7, "max_tokens": 16}) == {"temperature": (0.0, 0.7)}
 
 
-def test_settings_guard_notices_a_setting_that_was_dropped(tmp_path):
+def test_settings_changes_notice_a_setting_that_was_dropped(tmp_path):
     path = tmp_path / "settings.json"
-    settings_guard(path, {"temperature": 0.0, "extra_body": {"top_k": 5}})
-    with pytest.raises(ConfigError, match=r"generate.extra_body: \{'top_k': 5\} -> None"):
-        settings_guard(path, {"temperature": 0.0})
+    save_settings(path, {"temperature": 0.0, "extra_body": {"top_k": 5}})
+    assert settings_changes(path, {"temperature": 0.0}) == {"extra_body": ({"top_k": 5}, None)}

@@ -160,4 +160,4 @@ def test_cli_reports_a_missing_input_as_an_error_line_and_its_own_exit_code(tmp_
     # The config is valid; the stage's input is missing: not the bad-config exit code (2).
     assert result.returncode == StageError.EXIT_CODE and "Traceback" not in result.stderr
     message = result.stderr.replace("\n", "")  # rich wraps long lines
-    assert message.startswith("error:") and "tokenize/chat.parquet: no tokenized data" in message
+    assert message.startswith("error:") and "merge: its input from stage generate is missing" in message

@@ -43,7 +43,7 @@ def test_stage_names_are_checked(config_path):
 
 
 def test_missing_input_names_the_stage_to_run(config_path):
-    with pytest.raises(StageError, match=r"input from stage merge is missing .*--from merge"):
+    with pytest.raises(StageError, match=r"input from stage generate is missing .*--from generate"):
         pipeline.run(load_config(config_path), quiet=True, first="train")
 
 

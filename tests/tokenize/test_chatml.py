@@ -26,7 +26,7 @@ QUESTIONS = ["What is 2+2? Answer with one number.", "Say hello.", "Reply with t
 GOLDEN = Path(__file__).parent / "golden" / "chatml_smollm2.json"
 
 
-def write_config(root: Path, **tokenize_settings) -> Path:
+def write_config(root: Path, name: str = "run.yaml", **tokenize_settings) -> Path:
     data = {
         "run_dir": "run",
         "target": {"model": "embedded", "device": "cpu"},
@@ -34,7 +34,7 @@ def write_config(root: Path, **tokenize_settings) -> Path:
         "generate": {"backend": "local", "max_tokens": 16, "batch_size": 4},
         "tokenize": {"format": "chatml", **tokenize_settings},
     }
-    path = root / "run.yaml"
+    path = root / name
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -205,8 +205,9 @@ def test_auto_places_reasoning_the_way_the_template_renders_it(target_config):
     assert encoder.decode(sample.completion_ids) == "<think>\nAdd them.\n</think>\n\n4<|im_end|>"
 
 
-def test_cli_names_the_problem_and_exits_2(tmp_path):
-    path = write_config(tmp_path, format="kimi-k2.5")
+def test_cli_names_the_problem_and_exits_2(generated, tmp_path):
+    root, _ = generated
+    path = write_config(root, "kimi.yaml", format="kimi-k2.5")
     done = subprocess.run(
         [sys.executable, "-m", "eyas", "tokenize", str(path)], capture_output=True, text=True, cwd=ROOT
     )

@@ -10,6 +10,7 @@ import pytest
 
 from eyas.config import parse_config
 from tests.corpus import tokenized_rows, write_tokenized
+from tests.stages import mark_finished
 
 EVAL_PROMPTS = ("What color is grass?", "Name a large animal.")
 
@@ -20,10 +21,14 @@ def corpus_rows(tokenizer, model):
 
 
 def write_merged(run_dir: Path, train_rows, eval_rows) -> Path:
+    """A merged corpus written by hand, with the markers of the stages that would have made it."""
     merge = run_dir / "merge"
     write_tokenized(merge / "train-00000.parquet", train_rows)
     write_tokenized(merge / "eval-00000.parquet", eval_rows)
     (merge / "stats.json").write_text(json.dumps({"train": len(train_rows), "eval": len(eval_rows)}))
+    (run_dir / "tokenize").mkdir()
+    (run_dir / "tokenize" / "report.json").write_text("{}")
+    mark_finished(load_tiny(run_dir), "generate", "tokenize", "merge")
     return run_dir
 
 

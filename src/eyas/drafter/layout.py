@@ -216,3 +216,17 @@ def _spec_from_keys(llama: dict[str, Any], top: dict[str, Any], aux_layers: list
         aux_layers=tuple(aux_layers),
         hidden_act=llama.get("hidden_act", "silu"),
     )
+
+
+def content_digest(directory: Path) -> str | None:
+    """A drafter's identity by content — its config and weights, not its README, stage marker
+    or path — so the same drafter in two layouts shares eval results and a retrained one never
+    does. None when there is no drafter there."""
+    from eyas.paths import MARKER
+    from eyas.records import content_hash
+    from eyas.stage import file_digest
+
+    if not (directory / CONFIG_FILE).is_file():
+        return None
+    files = sorted(p for p in directory.iterdir() if p.is_file() and p.suffix != ".md" and p.name != MARKER)
+    return content_hash({p.name: file_digest(p) for p in files})

@@ -16,14 +16,17 @@ device): vLLM runs plain decoding and the drafter, and its figures are the repor
 
 Guarantees: with temperature 0 every method's output is checked against plain greedy
 decoding on every prompt, and any difference is reported as a failure. Per-prompt results
-are appended to ``eval/results-<settings hash>.jsonl`` as they finish, so an interrupted
-eval resumes and a changed setting or drafter never reuses stale results.
+are appended to ``eval/results-<settings hash>.jsonl`` as they finish, keyed by the settings,
+the target, the drafter's content and each prompt's tokens, so an interrupted eval resumes and
+a changed setting, drafter or prompt never reuses stale results. An evaluation with
+command-line overrides (other prompts, drafter or engine) writes ``eval/<name>/``, never the
+run's own report.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
+import re
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -52,17 +55,45 @@ from eyas.eval.report import (
 from eyas.jsonl import DurableAppender, read_jsonl, recover
 from eyas.paths import RunPaths
 from eyas.records import content_hash
-from eyas.stage import StageContract
+from eyas.stage import StageContract, StageRun, begin, file_digest, flat
 
 log = logging.getLogger(__name__)
 
-__all__ = ["run", "default_draft_dir", "engine_failures", "lossless_failures"]
+__all__ = ["run", "default_draft_dir", "with_overrides", "engine_failures", "lossless_failures"]
 
-CONTRACT = StageContract("eval", lambda c, p: [p.eval_report], lambda c: {"eval": c.eval.model_dump(mode="json")})
-"""Eval resumes per prompt on its own (results keyed by settings and drafter); ``eyas run`` always calls it."""
+RESULT_INDEPENDENT_KEYS = {"max_prompts", "engine", "in_process", "tensor_parallel_size", "prompts (content)"}
+"""Eval settings that do not change one prompt's own results, so the per-prompt cache outlives
+them: which prompts are taken (each cached result carries its own prompt's digest), and who
+else runs the export besides eyas."""
 
-ENGINE_ONLY_KEYS = {"max_prompts", "engine", "in_process", "tensor_parallel_size"}
-"""Eval settings that do not change eyas's own per-prompt results (so changing them reuses them)."""
+
+def draft_dir(config: RunConfig) -> Path:
+    """The drafter evaluated: ``eval.draft``, else the run's export in the layout the engine serves."""
+    if config.eval.draft is not None:
+        return Path(config.eval.draft)
+    return default_draft_dir(RunPaths.of(config), config.eval.engine)
+
+
+def fingerprint(config: RunConfig) -> dict:
+    """Every eval key, the target as it runs, the drafter's content and the prompts' content (a
+    prompt file's bytes; the held-out split comes with merge's marker)."""
+    from eyas.drafter.layout import content_digest
+    from eyas.target import served_identity
+
+    keys = flat("eval", config.eval.model_dump(mode="json", exclude={"prompts", "draft"}))
+    keys |= served_identity(config.target)
+    keys["drafter (content)"] = content_digest(draft_dir(config))
+    if config.eval.prompts is not None:
+        prompts = Path(config.eval.prompts)
+        keys["eval.prompts (content)"] = file_digest(prompts) if prompts.is_file() else None
+    return keys
+
+
+def inputs(config: RunConfig) -> list[str]:
+    return (["merge"] if config.eval.prompts is None else []) + (["export"] if config.eval.draft is None else [])
+
+
+CONTRACT = StageContract("eval", inputs, fingerprint, lambda c, p: [p.eval_report], resumes_itself=True)
 
 
 def default_draft_dir(paths: RunPaths, engine: str = "eyas") -> Path:
@@ -70,46 +101,67 @@ def default_draft_dir(paths: RunPaths, engine: str = "eyas") -> Path:
     return paths.export("vllm" if engine == "vllm" else "sglang")
 
 
-def run(
-    config: RunConfig,
-    quiet: bool = False,
-    prompts: str | None = None,
-    draft: Path | None = None,
-    engine: str | None = None,
-) -> dict:
-    """Evaluate and return the report (also written to ``eval/report.json``)."""
+def with_overrides(
+    config: RunConfig, prompts: str | None = None, draft: str | None = None, engine: str | None = None
+) -> tuple[RunConfig, str | None]:
+    """The config an ``eyas eval`` with command-line overrides evaluates, and the name its report
+    goes under (``eval/<name>/``), or None when nothing differs from the run's own eval: a report
+    on other prompts, another drafter or another engine never replaces the run's."""
+    changes, names = {}, []
+    if prompts is not None and str(Path(prompts).resolve()) != config.eval.prompts:
+        changes["prompts"] = str(Path(prompts).resolve())
+        names.append(Path(prompts).stem)
+    if draft is not None and Path(draft).resolve() != draft_dir(config).resolve():
+        changes["draft"] = str(Path(draft).resolve())
+        names.append(f"draft-{Path(draft).resolve().name}")
+    if engine is not None and engine != config.eval.engine:
+        changes["engine"] = engine
+        names.append(engine)
+    if not changes:
+        return config, None
+    name = re.sub(r"[^A-Za-z0-9_.+-]", "_", "+".join(names))
+    return config.model_copy(update={"eval": config.eval.model_copy(update=changes)}), name
+
+
+def eval_paths(config: RunConfig, name: str | None) -> RunPaths:
+    """The run's layout with the eval directory where this evaluation's report goes."""
+    paths = RunPaths.of(config)
+    return paths if name is None else paths.moving("eval", paths.eval_dir / name)
+
+
+def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict:
+    """Evaluate and return the report (also written to ``eval/report.json``, or
+    ``eval/<name>/report.json`` for an evaluation with overrides, see :func:`with_overrides`)."""
     from eyas.target import end_of_turn_id, load_model, load_tokenizer
 
-    paths = RunPaths.of(config)
+    paths = eval_paths(config, name)
     cfg = config.eval
-    engine = engine or cfg.engine
-    if engine != "vllm" and not cfg.in_process:
+    if cfg.engine != "vllm" and not cfg.in_process:
         raise ConfigError(
             "--engine eyas: eval.in_process is false, so only vLLM runs the target; set it to true or drop --engine"
         )
-    draft_dir = Path(draft) if draft else default_draft_dir(paths, engine)
+    started = begin(config, CONTRACT, paths)
+    paths.marker("eval").unlink(missing_ok=True)
+    drafter_dir = draft_dir(config)
     tokenizer = load_tokenizer(config.target)
-    eval_prompts = load_eval_prompts(config, tokenizer, prompts)
+    eval_prompts = load_eval_prompts(config, tokenizer)
     stop_ids = {end_of_turn_id(tokenizer)} | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
     if not cfg.in_process:
         from eyas.eval.vllm_engine import run_in_vllm_only
 
-        return _finish(run_in_vllm_only(config, draft_dir, eval_prompts, stop_ids, paths.eval_dir), paths, quiet)
+        report = run_in_vllm_only(config, drafter_dir, eval_prompts, stop_ids, paths.eval_dir)
+        return _finish(report, paths, started, quiet, keep=None)
     model = load_model(config.target)
-    drafter = load_drafter(draft_dir, model)
+    drafter = load_drafter(drafter_dir, model)
     sample_drafts = cfg.draft_sampling == "sample"
     proposers = [PromptLookup(cfg.lookup_max_ngram), EagleProposer(drafter, sample_drafts=sample_drafts)]
     if cfg.broken_control:
         proposers.append(EagleProposer(drafter, "eagle3_broken_aux_order", BROKEN_ORDER, sample_drafts=sample_drafts))
 
-    settings = {
-        "eval": cfg.model_dump(mode="json", exclude=ENGINE_ONLY_KEYS),
-        "target": config.target.model,
-        "draft": _fingerprint(draft_dir),
-        "prompts": prompts or cfg.prompts,
-    }
-    results_path = paths.eval_dir / f"results-{content_hash(settings)}.jsonl"
-    done = _load_done(results_path)
+    fingerprint_now = started.marker["fingerprint"]
+    results_key = {k: v for k, v in fingerprint_now.items() if k.removeprefix("eval.") not in RESULT_INDEPENDENT_KEYS}
+    results_path = paths.eval_dir / f"results-{content_hash(results_key)}.jsonl"
+    done = _load_done(results_path, {p.id: _prompt_digest(p) for p in eval_prompts})
     methods = [PLAIN] + [p.name for p in proposers]
     todo = sum(1 for p in eval_prompts for m in methods if (m, p.id) not in done)
     if todo:
@@ -117,29 +169,34 @@ def run(
         # (~10 s on CPU); untimed here so they do not land on the first prompt's figures.
         with TargetRunner(model) as runner:
             greedy_decode(runner, eval_prompts[0].input_ids, 4, stop_ids)
-    started, tokens = time.monotonic(), 0
+    started_at, tokens = time.monotonic(), 0
     with DurableAppender(results_path) as out, progress(quiet) as bar:
         task = bar.add_task("eval", total=todo, rate=0.0)
         for index, prompt in enumerate(eval_prompts):
-            for name in methods:
-                if (name, prompt.id) in done:
+            for method in methods:
+                if (method, prompt.id) in done:
                     continue
-                result = _decode(model, prompt, name, proposers, cfg, stop_ids, index)
-                done[(name, prompt.id)] = result
-                out.write_json({"method": name, **asdict(result)})
+                result = _decode(model, prompt, method, proposers, cfg, stop_ids, index)
+                done[(method, prompt.id)] = result
+                out.write_json({"method": method, "prompt_digest": _prompt_digest(prompt), **asdict(result)})
                 tokens += len(result.tokens)
-                bar.update(task, advance=1, rate=tokens / max(time.monotonic() - started, 1e-9))
+                bar.update(task, advance=1, rate=tokens / max(time.monotonic() - started_at, 1e-9))
 
-    report = _report(config, draft_dir, eval_prompts, methods, done)
-    if engine == "vllm":
-        _add_vllm(report, config, model, draft_dir, eval_prompts, stop_ids, paths, done)
-    return _finish(report, paths, quiet)
+    report = _report(config, drafter_dir, eval_prompts, methods, done)
+    if cfg.engine == "vllm":
+        _add_vllm(report, config, model, drafter_dir, eval_prompts, stop_ids, paths, done)
+    return _finish(report, paths, started, quiet, keep=results_path)
 
 
-def _finish(report: dict, paths: RunPaths, quiet: bool) -> dict:
-    """Write the report and its plot, print the table, log every failed check."""
+def _finish(report: dict, paths: RunPaths, started: StageRun, quiet: bool, keep: Path | None) -> dict:
+    """Write the report, its plot and the marker; drop per-prompt results of other settings or
+    drafters (they describe nothing this report shows); print the table, log every failed check."""
     write_report(paths.eval_report, report)
     plot_acceptance(report, paths.eval_dir / "acceptance.png")
+    for stale in paths.eval_dir.glob("results-*.jsonl"):
+        if stale != keep:
+            stale.unlink()
+    started.finish(paths.marker("eval"))
     if not quiet:
         console.print(table(report))
         if engine_check_line(report):
@@ -153,7 +210,7 @@ def _finish(report: dict, paths: RunPaths, quiet: bool) -> dict:
 
 
 def _add_vllm(
-    report: dict, config: RunConfig, model, draft_dir: Path, prompts: list[EvalPrompt], stop_ids, paths, done
+    report: dict, config: RunConfig, model, drafter_dir: Path, prompts: list[EvalPrompt], stop_ids, paths, done
 ) -> None:
     """Serve the export in vLLM on the same prompts; its row and the agreement check join the report."""
     from eyas.eval import vllm_engine
@@ -161,7 +218,7 @@ def _add_vllm(
 
     cfg = config.eval
     dtype = str(model.dtype).removeprefix("torch.")
-    result = speculative_decode(config, draft_dir, [p.input_ids for p in prompts], stop_ids, dtype, paths.eval_dir)
+    result = speculative_decode(config, drafter_dir, [p.input_ids for p in prompts], stop_ids, dtype, paths.eval_dir)
     reference = {p.id: done[(PLAIN, p.id)].tokens for p in prompts} if cfg.temperature == 0 else None
     vllm = vllm_engine.summarize_vllm(result, [p.id for p in prompts], cfg.num_draft_tokens, reference)
     report["methods"][vllm_engine.METHOD] = vllm
@@ -170,24 +227,21 @@ def _add_vllm(
     )
 
 
-def _fingerprint(draft_dir: Path) -> dict:
-    """The drafter's identity by content: its config and weights (not its README or path), so the
-    same drafter in the SGLang and vLLM layouts shares results and a retrained one never does."""
-    digests = {}
-    for path in sorted(p for p in draft_dir.iterdir() if p.is_file() and p.suffix != ".md"):
-        with path.open("rb") as f:
-            digests[path.name] = hashlib.file_digest(f, "sha256").hexdigest()
-    return digests
+def _prompt_digest(prompt: EvalPrompt) -> str:
+    return content_hash(prompt.input_ids)
 
 
-def _load_done(path: Path) -> dict[tuple[str, str], PromptResult]:
+def _load_done(path: Path, prompts: dict[str, str]) -> dict[tuple[str, str], PromptResult]:
+    """Cached results of the prompts still evaluated, each only while its prompt's tokens are
+    the same (``prompts``: id -> digest), so an edited prompt under an old id is decoded again."""
     if not path.exists():
         return {}
     recover(path)
     done = {}
     for _, row in read_jsonl(path):
-        method = row.pop("method")
-        done[(method, row["prompt_id"])] = PromptResult(**row)
+        method, digest = row.pop("method"), row.pop("prompt_digest", None)
+        if prompts.get(row["prompt_id"]) == digest:
+            done[(method, row["prompt_id"])] = PromptResult(**row)
     return done
 
 
@@ -217,14 +271,14 @@ def _decode(model, prompt: EvalPrompt, name: str, proposers, cfg, stop_ids: set[
     return PromptResult(prompt.id, prompt.dataset, out.tokens, out.passes, out.seconds, out.accepted_at)
 
 
-def _report(config: RunConfig, draft_dir: Path, prompts: list[EvalPrompt], methods: list[str], done) -> dict:
+def _report(config: RunConfig, drafter_dir: Path, prompts: list[EvalPrompt], methods: list[str], done) -> dict:
     cfg = config.eval
     by_method = {m: [done[(m, p.id)] for p in prompts] for m in methods}
     plain = plain_summary(by_method[PLAIN])
     reference = {r.prompt_id: r.tokens for r in by_method[PLAIN]} if cfg.temperature == 0 else None
     return report_frame(
         config,
-        draft_dir,
+        drafter_dir,
         prompts,
         plain,
         {

@@ -23,9 +23,9 @@ class EvalPrompt:
     input_ids: list[int]
 
 
-def load_eval_prompts(config: RunConfig, tokenizer, prompts_file: str | None = None) -> list[EvalPrompt]:
-    """At most ``eval.max_prompts`` prompts from ``prompts_file``, ``eval.prompts`` or the eval split."""
-    source = prompts_file or config.eval.prompts
+def load_eval_prompts(config: RunConfig, tokenizer) -> list[EvalPrompt]:
+    """At most ``eval.max_prompts`` prompts from ``eval.prompts`` or the eval split."""
+    source = config.eval.prompts
     prompts = _from_file(Path(source), tokenizer, config.eval.max_prompts) if source else _from_split(config)
     if not prompts:
         where = source or f"{RunPaths.of(config).merge_dir} (eval split)"

@@ -14,8 +14,11 @@ Weights and ``torch_dtype`` are in the target's own dtype: SGLang, with its dtyp
 runs a float32 drafter in float16 beside a bfloat16 target, so a float32 export is written
 only for a float32 target. Training checkpoints stay float32.
 
-Guarantees: the directory appears complete or not at all (written aside, then renamed), and
-:meth:`eyas.drafter.model.Eagle3Drafter.load` reloads it to the same outputs.
+Guarantees: the directory appears complete or not at all (written aside, then swapped in), and
+:meth:`eyas.drafter.model.Eagle3Drafter.load` reloads it to the same outputs. The stage
+(``eyas export CONFIG``) writes the layouts the run serves (:func:`formats_for`) and then its
+marker, ``export/stage.json``; an export of another layout or to ``--out`` is an extra copy
+and leaves the marker alone.
 """
 
 from __future__ import annotations
@@ -27,7 +30,9 @@ from typing import Any
 import torch
 
 from eyas.config import ConfigError, RunConfig
-from eyas.stage import StageContract, StageError, target_identity
+from eyas.files import replace_dir
+from eyas.paths import RunPaths
+from eyas.stage import StageContract, StageError, begin, target_identity
 
 FORMATS = ("sglang", "vllm", "speculators")
 SERVED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -40,13 +45,14 @@ def formats_for(config: RunConfig) -> list[str]:
 
 CONTRACT = StageContract(
     "export",
-    lambda c, p: [p.export(f) / "config.json" for f in formats_for(c)],
+    lambda c: ["train"],
     # The target names the served dtype and the verifier; speculators' config holds the draft length.
     lambda c: {
-        "target": target_identity(c.target),
-        "formats": formats_for(c),
-        "num_draft_tokens": c.eval.num_draft_tokens,
+        **target_identity(c.target),
+        "export formats": formats_for(c),
+        "eval.num_draft_tokens": c.eval.num_draft_tokens,
     },
+    lambda c, p: [p.export(f) / "config.json" for f in formats_for(c)],
 )
 
 
@@ -56,11 +62,21 @@ def target_dtype(model_config: Any) -> torch.dtype:
     return SERVED_DTYPES.get(str(declared).removeprefix("torch."), torch.bfloat16)
 
 
-def run(config: RunConfig, format: str = "sglang", out: str | Path | None = None, quiet: bool = False) -> Path:
-    """Write the export; returns its directory."""
+def run(config: RunConfig, quiet: bool = False) -> list[Path]:
+    """The stage: every layout the run serves, then the marker; returns their directories."""
+    paths = RunPaths.of(config)
+    started = begin(config, CONTRACT, paths)
+    # Until every layout is rewritten, no marker vouches for the directory.
+    paths.marker("export").unlink(missing_ok=True)
+    written = [export_one(config, f) for f in formats_for(config)]
+    started.finish(paths.marker("export"))
+    return written
+
+
+def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None = None) -> Path:
+    """Write one layout (to ``run_dir/export/FORMAT`` or ``out``); returns its directory."""
     from eyas.drafter import layout
     from eyas.export.readme import serve_readme
-    from eyas.paths import RunPaths
     from eyas.target import load_model_config, resolve_target, text_config
     from eyas.target.capture import check_aux_layers
 
@@ -89,6 +105,5 @@ def run(config: RunConfig, format: str = "sglang", out: str | Path | None = None
         layout.save_sglang(weights, spec, tmp, dtype)
     readme = serve_readme(format, out.resolve(), verifier, config.eval.num_draft_tokens, layout.dtype_name(dtype))
     (tmp / "README.md").write_text(readme)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    replace_dir(tmp, out)
     return out

@@ -1,29 +1,34 @@
 """Offline extraction: the target over every merged train sample, written shard by shard.
 
 Each rank (``RANK``/``WORLD_SIZE`` from torchrun; one rank without it) writes every
-``WORLD_SIZE``-th shard, skipping shards already finished by an earlier run. When all ranks
-are done, rank 0 checks every sidecar and writes ``index.json``.
+``WORLD_SIZE``-th shard, skipping shards already finished by an earlier run under the same
+marker. When all ranks are done, rank 0 checks every sidecar, writes ``index.json`` and the
+stage marker, and swaps a redo in.
 """
 
 from __future__ import annotations
 
-import hashlib
+import json
 import logging
 import os
+import shutil
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from eyas.config import ConfigError, RunConfig
 from eyas.console import progress
-from eyas.extract import fingerprint, plan, storage
+from eyas.extract import CONTRACT, plan, storage
+from eyas.files import recover_dir, replace_dir
 from eyas.merge.reader import read_rows, split_lengths
 from eyas.paths import RunPaths
 from eyas.records import content_hash
-from eyas.stage import StageError
-from eyas.target.capture import check_aux_layers, default_aux_layers, hf_hidden_state_indices
+from eyas.stage import StageError, StageRun, begin, check, differences, digest, read_marker
+from eyas.target.capture import check_aux_layers, hf_hidden_state_indices
 from eyas.target.engines import Prefill, open_prefill
 
 log = logging.getLogger(__name__)
@@ -36,54 +41,78 @@ class Job:
     aux_layers: list[int]
     hidden_size: int
     num_layers: int
+    shard_tokens: int
     shards: list[range]
     lengths: list[int]
-    settings: dict
-    fingerprint: str
+    made_with: dict
+    """The stage's marker as it will be written, plus the shard layout: what a shard's sidecar
+    must hold for the shard to belong to this run (marker-shaped, so a mismatch names keys)."""
+
+    @property
+    def fingerprint(self) -> str:
+        return content_hash(self.made_with)
 
 
-def plan_job(config: RunConfig, paths: RunPaths) -> Job:
+def plan_job(config: RunConfig, paths: RunPaths, started: StageRun) -> Job:
     from eyas.target import load_model_config, text_config
 
     lengths = split_lengths(paths, "train")
     if not lengths:
         raise StageError(f"{paths.merge_dir}: the train split is empty; nothing to extract")
-    model_config = load_model_config(config.target)
-    text = text_config(model_config)
+    text = text_config(load_model_config(config.target))
     num_layers, hidden = text.num_hidden_layers, text.hidden_size
     x = config.extract
-    aux_layers = list(x.aux_layers) if x.aux_layers is not None else default_aux_layers(num_layers)
+    aux_layers = started.marker["fingerprint"]["extract.aux_layers"]
     try:
         check_aux_layers(aux_layers, num_layers)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     shard_tokens = x.shard_tokens or plan.default_shard_tokens(hidden, len(aux_layers), x.dtype)
-    settings = {
-        **fingerprint(config),
-        "aux_layers": aux_layers,
-        "shard_tokens": shard_tokens,
-        "merge_stats_sha256": hashlib.sha256(paths.merge_stats.read_bytes()).hexdigest(),
-    }
+    made_with = dict(started.marker)
+    made_with["fingerprint"] = {**made_with["fingerprint"], "extract.shard_tokens": shard_tokens}
     return Job(
-        aux_layers,
-        hidden,
-        num_layers,
-        plan.plan_shards(lengths, shard_tokens),
-        lengths,
-        settings,
-        content_hash(settings),
+        aux_layers, hidden, num_layers, shard_tokens, plan.plan_shards(lengths, shard_tokens), lengths, made_with
     )
 
 
-def _check_existing(paths: RunPaths, job: Job) -> None:
-    """Refuse to mix shards made from another merge or with other settings into this set."""
-    for shard in range(len(job.shards)):
-        done = storage.read_sidecar(paths.hidden_dir, shard)
-        if done is not None and done.get("fingerprint") != job.fingerprint:
-            raise StageError(
-                f"{storage.sidecar_path(paths.hidden_dir, shard)}: made from another merge or with other "
-                f"extract settings (now {job.settings}); delete {paths.hidden_dir} or restore the settings"
-            )
+def _prepare(paths: RunPaths, work: RunPaths, job: Job, expected: str, redo: bool) -> bool:
+    """Make ``work.hidden_dir`` ready for this job (rank 0, before any rank writes); True when a
+    finished redo only waits to be swapped in.
+
+    Undoes a swap cut short, drops a ``hidden.redo`` that holds swapped-out old states, and
+    refuses — or with ``redo`` discards — shards in progress that were made otherwise.
+    """
+    recover_dir(paths.hidden_dir)
+    if work.hidden_dir != paths.hidden_dir:
+        left = read_marker(work.marker("extract"))
+        if left is not None and digest(left) == expected:
+            return True
+        if left is not None:
+            shutil.rmtree(work.hidden_dir)
+    other = _made_otherwise(work, job)
+    if other is not None and not redo:
+        path, made_with = other
+        changes = "; ".join(differences(made_with, job.made_with)) if made_with else "made by an older eyas"
+        raise StageError(
+            f"{path}: hidden states in progress were made otherwise ({changes}); run `eyas extract CONFIG --redo` "
+            f"to discard them and start over, or restore the settings to resume"
+        )
+    if other is not None:
+        log.info("discarding hidden states in progress made otherwise (%s)", other[0].parent)
+        shutil.rmtree(work.hidden_dir)
+    work.hidden_dir.mkdir(parents=True, exist_ok=True)
+    return False
+
+
+def _made_otherwise(work: RunPaths, job: Job) -> tuple[Path, dict | None] | None:
+    """The first sidecar (or index) in the work directory that belongs to another run, and what it was made with."""
+    if not work.hidden_dir.is_dir():
+        return None
+    for sidecar in sorted(work.hidden_dir.glob("shard-*.json")):
+        made = json.loads(sidecar.read_text())
+        if made.get("fingerprint") != job.fingerprint:
+            return sidecar, made.get("made_with")
+    return None
 
 
 def _rank() -> tuple[int, int, int]:
@@ -99,31 +128,52 @@ def _device(config: RunConfig, local_rank: int) -> torch.device:
     return device
 
 
-def extract(config: RunConfig, quiet: bool = False) -> dict | None:
-    """Write this rank's missing shards; rank 0 writes index.json once all exist (returned)."""
+def extract(config: RunConfig, quiet: bool = False, redo: bool = False) -> dict | None:
+    """Write this rank's missing shards; rank 0 writes index.json once all exist (returned).
+
+    States already on disk under the same marker are current and returned as they are. Others
+    that are complete are replaced by a redo built in ``hidden.redo/`` and swapped in at the end.
+    """
     paths = RunPaths.of(config)
     rank, world, local_rank = _rank()
-    job = plan_job(config, paths)
-    paths.hidden_dir.mkdir(parents=True, exist_ok=True)
-    _check_existing(paths, job)
-    mine = plan.rank_shards(len(job.shards), rank, world)
-    todo = [s for s in mine if storage.read_sidecar(paths.hidden_dir, s) is None]
-    skipped = len(mine) - len(todo)
-    if skipped:
-        log.info("rank %d: %d of its %d shards already done; resuming", rank, skipped, len(mine))
-    if todo:
-        _write_shards(config, paths, job, todo, rank, world, local_rank, quiet or rank != 0)
+    started = begin(config, CONTRACT, paths)
+    state = check(config, CONTRACT, paths)
+    if state.status == "current":
+        log.info("hidden states are up to date (%s)", paths.hidden_dir)
+        return json.loads(paths.hidden_index.read_text()) if rank == 0 else None
+    # Missing states (none, or shards lost) are completed in place; stale ones are redone aside.
+    work = paths.rebuilding("hidden") if state.status == "stale" else paths
+    job = plan_job(config, paths, started)
+    if world > 1 and not dist.is_initialized():
+        # A rank may wait long for the slowest one: the barriers must not time out first.
+        dist.init_process_group("gloo", timeout=timedelta(days=7))
+    finished = _prepare(paths, work, job, digest(started.marker), redo) if rank == 0 else False
+    _barrier(world)
+    if not finished:
+        mine = plan.rank_shards(len(job.shards), rank, world)
+        todo = [s for s in mine if storage.read_sidecar(work.hidden_dir, s) is None]
+        if len(mine) > len(todo):
+            log.info("rank %d: %d of its %d shards already done; resuming", rank, len(mine) - len(todo), len(mine))
+        if todo:
+            _write_shards(config, work, job, todo, rank, world, local_rank, quiet or rank != 0)
+        _barrier(world)
+    index = None
+    if rank == 0:
+        index = _write_index(work, job) if not finished else json.loads(work.hidden_index.read_text())
+        if not finished:
+            started.finish(work.marker("extract"))
+        if work != paths:
+            replace_dir(work.hidden_dir, paths.hidden_dir)
+            log.info("the redone hidden states replace the old ones in %s", paths.hidden_dir)
+    _barrier(world)
     if world > 1:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            # A rank may wait long for the slowest one: the barrier must not time out first.
-            dist.init_process_group("gloo", timeout=timedelta(days=7))
-        dist.barrier()
-    index = _write_index(paths, job) if rank == 0 else None
-    if world > 1:
-        torch.distributed.destroy_process_group()
+        dist.destroy_process_group()
     return index
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
 
 
 def _write_shards(
@@ -183,13 +233,15 @@ def _extract_shard(config, paths, job: Job, prefill: Prefill, shard: int, advanc
             if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
                 raise StageError(
                     f"{paths.hidden_dir}: sample {rows[i]['id']} (train row {job.shards[shard].start + i}) has NaN/Inf "
-                    f"hidden states under target.dtype {config.target.dtype!r}; try float32 or bfloat16"
+                    f"hidden states under target.dtype {config.target.dtype!r}; set target.dtype to float32 or "
+                    "bfloat16 and run `eyas extract CONFIG --redo` (the shards written so far are then discarded)"
                 )
             buffer.put(i, rows[i]["input_ids"], rows[i]["loss_mask"], aux, final)
         advance(sum(lengths[i] for i in batch))
     info = {
         "sample_start": job.shards[shard].start,
         "fingerprint": job.fingerprint,
+        "made_with": job.made_with,
         "rank": _rank()[0],
         "engine": config.extract.engine,
     }
@@ -207,9 +259,14 @@ def _write_index(paths: RunPaths, job: Job) -> dict:
     seconds = sum(s["seconds"] for s in sidecars)
     tokens = sum(s["tokens"] for s in shards)
     h = job.hidden_size
+    fingerprint = job.made_with["fingerprint"]
     index = {
         "format": storage.FORMAT,
-        **job.settings,
+        "target": fingerprint["target.model"],
+        "target_dtype": fingerprint["target.dtype"],
+        "aux_layers": job.aux_layers,
+        "dtype": fingerprint["extract.dtype"],
+        "shard_tokens": job.shard_tokens,
         "hf_hidden_state_indices": hf_hidden_state_indices(job.aux_layers),
         "layer_convention": "aux_layers are 0-based decoder layers whose outputs are stored (= HF hidden_states[i + 1])",
         "final": "base model output after the final norm (lm_head input)",
@@ -225,7 +282,7 @@ def _write_index(paths: RunPaths, job: Job) -> dict:
             "loss_mask": ["tokens"],
             "offsets": ["samples + 1"],
         }
-        | ({"aux_scale": ["tokens", len(job.aux_layers)]} if job.settings["dtype"] == "fp8" else {}),
+        | ({"aux_scale": ["tokens", len(job.aux_layers)]} if fingerprint["extract.dtype"] == "fp8" else {}),
         "tokens_per_s": round(tokens / seconds, 1) if seconds else None,
         # Shards from either engine hold the same states (to float tolerance), so a run may switch.
         "engines": sorted({s.get("engine", "transformers") for s in sidecars}),

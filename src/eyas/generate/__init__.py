@@ -14,11 +14,20 @@ from typing import TYPE_CHECKING
 
 from eyas.config import RunConfig
 from eyas.console import progress
-from eyas.generate.store import RecordWriter, conversation_for, make_record, scan, settings_guard
+from eyas.generate.http.errors import RunStopped
+from eyas.generate.store import (
+    RecordWriter,
+    conversation_for,
+    make_record,
+    save_settings,
+    scan,
+    settings_changes,
+)
 from eyas.paths import RunPaths
 from eyas.prompts import iter_prompts
+from eyas.prompts.sources import source_digest
 from eyas.records import PromptRecord
-from eyas.stage import StageContract
+from eyas.stage import StageContract, StageError, begin, file_digest, flat
 
 if TYPE_CHECKING:
     from eyas.target.generation import BatchGenerator
@@ -47,22 +56,91 @@ def sampling_settings(config: RunConfig) -> dict:
     return settings
 
 
+def setting_key(config: RunConfig, name: str) -> str:
+    """Where a sampling setting lives in the config, for messages (``generate/settings.json`` keeps
+    short names so that runs made before the keys moved under ``generate.http`` still resume)."""
+    if name == "model":
+        return "generate.http.model" if config.generate.backend == "openai" else "target.model"
+    return f"generate.http.{name}" if name in ("reasoning", "extra_body") else f"generate.{name}"
+
+
+PROMPT_KEYS = {"source", "split", "subset", "format", "multi_turn", "max_prompts", "output_token_target"}
+"""What decides which prompts are answered. A dataset's merge keys (weight, budget, drop) stay
+out: they change the corpus, not the answers. Batch size, concurrency and the HTTP transport
+stay out too: they change how fast answers come, not what they are."""
+
+
+def fingerprint(config: RunConfig) -> dict:
+    keys = {setting_key(config, k): v for k, v in sampling_settings(config).items()}
+    for d in config.datasets:
+        prompts = {**d.model_dump(mode="json", include=PROMPT_KEYS), "source content": source_digest(d)}
+        keys |= flat(f"datasets[{d.name}]", prompts)
+    return keys
+
+
+def _observe(config: RunConfig, paths: RunPaths) -> dict:
+    """The records files as they are: a record appended or lost since the marker makes generate stale."""
+    return {
+        f"generate/{d.name}.jsonl": file_digest(p) if (p := paths.generations(d.name)).is_file() else None
+        for d in config.datasets
+    }
+
+
 CONTRACT = StageContract(
     "generate",
+    lambda c: [],
+    fingerprint,
     lambda c, p: [p.generations(d.name) for d in c.datasets],
-    lambda c: {"sampling": sampling_settings(c), "datasets": [d.model_dump(mode="json") for d in c.datasets]},
+    observe=_observe,
+    resumes_itself=True,
 )
 
 
-def run(config: RunConfig, quiet: bool = False) -> None:
-    paths = RunPaths.of(config)
-    settings_guard(paths.generate_dir / "settings.json", sampling_settings(config))
-    if config.generate.backend == "openai":
-        from eyas.generate.http import run_http
+def run(config: RunConfig, quiet: bool = False, redo: bool = False) -> None:
+    """Generate every pending prompt; ``redo`` sets aside records made with other sampling settings.
 
-        run_http(config, paths, quiet)
-    else:
-        _run_in_house(config, paths, quiet)
+    The marker is written when the run ends, also when it stops early for credits or budget:
+    the records it describes are then what the money bought, and later stages may use them.
+    """
+    paths = RunPaths.of(config)
+    started = begin(config, CONTRACT, paths)
+    _guard_settings(config, paths, redo)
+    try:
+        if config.generate.backend == "openai":
+            from eyas.generate.http import run_http
+
+            run_http(config, paths, quiet)
+        else:
+            _run_in_house(config, paths, quiet)
+    except RunStopped as e:
+        started.finish(paths.marker("generate"), config, paths, stopped=type(e).__name__)
+        raise
+    started.finish(paths.marker("generate"), config, paths)
+
+
+def _guard_settings(config: RunConfig, paths: RunPaths, redo: bool) -> None:
+    """Refuse to add records made under other sampling settings to a dataset's file: a changed
+    temperature or max_tokens would mix two distributions in one corpus. With ``redo`` the old
+    records are moved aside, never deleted: they may have cost money."""
+    settings_file = paths.generate_dir / "settings.json"
+    changed = settings_changes(settings_file, sampling_settings(config))
+    if changed and not redo:
+        detail = ", ".join(f"{setting_key(config, k)}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+        raise StageError(
+            f"{paths.generate_dir}: records were generated with other settings ({detail}); restore them, "
+            "use a new run_dir, or run `eyas generate CONFIG --redo` to move the old records aside and start over"
+        )
+    if changed:
+        aside = paths.generate_dir / f"superseded-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir()
+        moved = [settings_file, paths.marker("generate")]
+        for d in config.datasets:
+            moved += [paths.generations(d.name), paths.generation_errors(d.name)]
+        for path in moved:
+            if path.exists():
+                path.rename(aside / path.name)
+        log.warning("records made with other settings moved to %s", aside)
+    save_settings(settings_file, sampling_settings(config))
 
 
 def _run_in_house(config: RunConfig, paths: RunPaths, quiet: bool) -> None:

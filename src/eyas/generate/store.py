@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eyas.config import ConfigError
 from eyas.files import write_json_atomic
 from eyas.jsonl import DurableAppender, JsonlError, read_jsonl, recover
 from eyas.records import GenerationRecord, PromptRecord, Usage
@@ -123,19 +122,14 @@ def make_record(
     )
 
 
-def settings_guard(path: Path, settings: dict) -> None:
-    """Refuse to resume records made with different sampling settings.
+def settings_changes(path: Path, settings: dict) -> dict[str, tuple]:
+    """``{name: (recorded, now)}`` for every sampling setting that differs from the records' own
+    (``path``, written when the first records were); empty when they match or none were made."""
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    return {k: (old.get(k), settings.get(k)) for k in sorted({*old, *settings}) if old.get(k) != settings.get(k)}
 
-    A changed temperature or max_tokens would silently mix two distributions in one corpus.
-    """
-    if path.exists():
-        old = json.loads(path.read_text())
-        changed = {k: (old.get(k), settings.get(k)) for k in sorted({*old, *settings}) if old.get(k) != settings.get(k)}
-        if changed:
-            detail = ", ".join(f"generate.{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-            raise ConfigError(
-                f"{path.parent}: records were generated with other settings ({detail}); "
-                "use a new run_dir or restore the settings"
-            )
-        return
+
+def save_settings(path: Path, settings: dict) -> None:
     write_json_atomic(path, settings, sort_keys=True)

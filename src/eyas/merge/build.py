@@ -3,8 +3,9 @@
 Two reads of the input. The scan reads only ids and loss masks and keeps a few numbers per
 sample; the plan (pure, :mod:`eyas.merge.plan`) decides split, copies and drops from them;
 the second read streams full rows through the bucketed shuffle (:mod:`eyas.merge.shuffle`).
-Output goes to ``merge.tmp/`` and replaces ``merge/`` only when complete, so readers never
-see half a corpus and an interrupted merge leaves the previous one intact.
+Output goes to ``merge.tmp/`` and replaces ``merge/`` only when complete, its stage marker
+inside, so readers never see half a corpus and an interrupted merge leaves the previous one
+and its marker intact.
 """
 
 from __future__ import annotations
@@ -23,12 +24,13 @@ import pyarrow.parquet as pq
 
 from eyas.config import ConfigError, DatasetConfig, RunConfig
 from eyas.console import progress
+from eyas.files import replace_dir
 from eyas.merge import plan
 from eyas.merge.shuffle import Buckets, SplitWriter
 from eyas.merge.stats import DROP_REASONS, SplitStats
 from eyas.paths import MERGE_STATS, RunPaths
 from eyas.records import SCHEMA_VERSION, TOKENIZED_COLUMNS, tokenized_arrow_schema
-from eyas.stage import StageError
+from eyas.stage import StageError, StageRun
 
 log = logging.getLogger(__name__)
 
@@ -168,8 +170,9 @@ def _output_rows(
     return table, p.keys[lo:hi], p.is_eval[lo:hi]
 
 
-def merge(config: RunConfig, quiet: bool = False) -> dict:
-    """Merge every non-dropped dataset into ``merge/``; returns the stats also written to stats.json."""
+def merge(config: RunConfig, started: StageRun, quiet: bool = False) -> dict:
+    """Merge every non-dropped dataset into ``merge/``; returns the stats also written to stats.json.
+    ``started`` is the stage's marker, written into the new corpus before it replaces the old."""
     paths = RunPaths.of(config)
     m = config.merge
     datasets = [d for d in config.datasets if not d.drop]
@@ -181,7 +184,7 @@ def merge(config: RunConfig, quiet: bool = False) -> dict:
         phase = _Phase(bar)
         phase.start("merge: scan", rows)
         scans = [scan(d, path, m.max_seq_len, phase.advance) for d, path in zip(datasets, inputs)]
-        return _shuffle_and_write(config, paths, scans, phase, rows)
+        return _shuffle_and_write(config, paths, scans, phase, rows, started)
 
 
 class _Phase:
@@ -201,7 +204,9 @@ class _Phase:
         self.bar.update(self.task, completed=self.done, rate=self.done / max(time.monotonic() - self.started, 1e-9))
 
 
-def _shuffle_and_write(config: RunConfig, paths: RunPaths, scans: list[Scan], phase: _Phase, rows: int) -> dict:
+def _shuffle_and_write(
+    config: RunConfig, paths: RunPaths, scans: list[Scan], phase: _Phase, rows: int, started: StageRun
+) -> dict:
     m = config.merge
 
     prompts = {plan.base_prompt_id(i) for s in scans for i in s.ids}
@@ -265,15 +270,6 @@ def _shuffle_and_write(config: RunConfig, paths: RunPaths, scans: list[Scan], ph
     stats.update({split: total.to_json() for split, total in totals.items()})
     stats["dropped"] = {r: sum(e["dropped"][r] for e in stats["datasets"].values()) for r in DROP_REASONS}
     (tmp / MERGE_STATS).write_text(json.dumps(stats, indent=2))
-    _replace(tmp, paths.merge_dir)
+    started.finish(paths.moving("merge", tmp).marker("merge"))
+    replace_dir(tmp, paths.merge_dir)
     return stats
-
-
-def _replace(new: Path, old: Path) -> None:
-    """Swap the finished output in; stats.json inside it is the completion marker readers check."""
-    trash = old.with_name(old.name + ".old")
-    shutil.rmtree(trash, ignore_errors=True)
-    if old.exists():
-        old.rename(trash)
-    new.rename(old)
-    shutil.rmtree(trash, ignore_errors=True)

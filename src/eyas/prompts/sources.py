@@ -26,10 +26,35 @@ class RawRow:
     """Set when the row could not even be parsed (bad JSON)."""
 
 
+def source_digest(dataset: DatasetConfig) -> str | None:
+    """The content of a local source (a sha256 over its files' names and bytes), so a row added
+    to the file makes generation stale; None for a hub dataset, named by id, split and subset."""
+    import hashlib
+
+    path = Path(dataset.source).expanduser()
+    if not path.exists():
+        return None if _is_hub_id(dataset.source, path) else "missing"
+    files = _source_files(path) if path.is_dir() else [path]
+    h = hashlib.sha256()
+    for f in files:
+        with f.open("rb") as data:
+            h.update(f"{f.relative_to(path) if path.is_dir() else f.name}\0".encode())
+            h.update(hashlib.file_digest(data, "sha256").digest())
+    return h.hexdigest()
+
+
+def _source_files(path: Path) -> list[Path]:
+    return sorted(p for p in path.rglob("*") if p.suffix in FILE_SUFFIXES)
+
+
+def _is_hub_id(source: str, path: Path) -> bool:
+    return not (source.startswith((".", "/", "~")) or path.suffix in FILE_SUFFIXES)
+
+
 def iter_rows(dataset: DatasetConfig) -> Iterator[RawRow]:
     path = Path(dataset.source).expanduser()
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix in FILE_SUFFIXES)
+        files = _source_files(path)
         if not files:
             raise ConfigError(f"datasets[{dataset.name}].source: {path} holds no .jsonl, .json or .parquet file")
         for f in files:
@@ -38,7 +63,7 @@ def iter_rows(dataset: DatasetConfig) -> Iterator[RawRow]:
         if path.suffix not in FILE_SUFFIXES:
             raise ConfigError(f"datasets[{dataset.name}].source: {path} is not .jsonl, .json or .parquet")
         yield from _iter_file(path)
-    elif dataset.source.startswith((".", "/", "~")) or path.suffix in FILE_SUFFIXES:
+    elif not _is_hub_id(dataset.source, path):
         raise ConfigError(f"datasets[{dataset.name}].source: {path} does not exist")
     else:
         yield from _iter_hub(dataset)

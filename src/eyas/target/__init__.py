@@ -180,6 +180,16 @@ def text_config(model_config: Any) -> Any:
     return model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
 
 
+def aux_layers(cfg: TargetConfig, configured: list[int] | None) -> list[int]:
+    """The aux layers a run captures: the configured ones, else the target's defaults (read from
+    its ``config.json`` alone, no weights)."""
+    if configured is not None:
+        return list(configured)
+    from eyas.target.capture import default_aux_layers
+
+    return default_aux_layers(text_config(load_model_config(cfg)).num_hidden_layers)
+
+
 def pick_device(cfg: TargetConfig) -> torch.device:
     import torch
 
@@ -191,6 +201,15 @@ def pick_device(cfg: TargetConfig) -> torch.device:
 def dtype_name(cfg: TargetConfig) -> str:
     """The compute dtype on the device the target runs on, as engines spell it (``bfloat16``)."""
     return str(pick_dtype(cfg, pick_device(cfg))).removeprefix("torch.")
+
+
+def served_identity(cfg: TargetConfig) -> dict:
+    """The target as it computes states, for a stage's fingerprint: which target and tokenizer,
+    and the dtype it runs in here (``auto`` is bfloat16 on a GPU and float32 on a CPU, which
+    give other states)."""
+    from eyas.stage import target_identity
+
+    return {**target_identity(cfg), "target.dtype": dtype_name(cfg)}
 
 
 def pick_dtype(cfg: TargetConfig, device: torch.device) -> torch.dtype:

@@ -9,8 +9,9 @@ delimiters, content, tool-call markup, end of turn) — and ``<run_dir>/tokenize
 Guarantees: every kept sample's completion length is checked against the billed completion
 tokens (``tokenize.on_mismatch`` decides what happens when they disagree); with
 ``verify_ids`` every record that carries the sampled ``token_ids`` is compared id for id and each
-mismatch is explained. A dataset's Parquet file appears only once complete; a rerun skips
-datasets whose records, settings and output are unchanged.
+mismatch is explained. A dataset's Parquet file appears only once complete; a rerun redoes
+exactly the datasets whose records (by content) or settings changed, so the stage always runs
+and is never refused; its marker says which records it consumed.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from eyas.files import write_json_atomic
 from eyas.generate.store import read_records
 from eyas.jsonl import read_jsonl
 from eyas.paths import RunPaths
-from eyas.stage import StageContract, target_identity
+from eyas.stage import StageContract, begin, file_digest, flat, target_identity
 from eyas.tokenize.formats import Format
 from eyas.tokenize.report import DatasetReport, details, table
 
@@ -41,6 +42,7 @@ def run(config: RunConfig, quiet: bool = False, verify_ids: bool = False) -> dic
     from eyas.tokenize.load import load_format
 
     paths = RunPaths.of(config)
+    started = begin(config, CONTRACT, paths)
     fmt = load_format(config)
     reports = []
     for dataset in config.datasets:
@@ -48,17 +50,20 @@ def run(config: RunConfig, quiet: bool = False, verify_ids: bool = False) -> dic
         if not source.exists():
             log.warning("%s: no generation records at %s; run `eyas generate` first", dataset.name, source)
             continue
-        key = _fingerprint(config, source, verify_ids)
+        key = _dataset_key(config, source, verify_ids)
         done = _load_done(paths, dataset.name, key)
         if done is not None:
             log.info("%s: already tokenized with these records and settings", dataset.name)
             reports.append(done)
             continue
+        # From the first dataset redone until the last is written, no marker vouches for the directory.
+        paths.marker("tokenize").unlink(missing_ok=True)
         report = _tokenize_dataset(config, fmt, source, paths.tokenized(dataset.name), verify_ids, quiet)
         _save_done(paths, dataset.name, key, report)
         reports.append(report)
     result = {"format": fmt.name, "verify_ids": verify_ids, "datasets": {r.dataset: r.to_dict() for r in reports}}
     write_json_atomic(paths.tokenize_report, result, ensure_ascii=False)
+    started.finish(paths.marker("tokenize"))
     if not quiet and reports:
         console.print(table(reports))
         for r in reports:
@@ -121,25 +126,27 @@ def _chunks(items, size: int):
 
 
 def fingerprint(config: RunConfig) -> dict:
-    """The settings a dataset's ids depend on: the grammar, stop strings, the target's tokenizer."""
+    """The settings a dataset's ids depend on: the grammar, stop strings, the target's tokenizer.
+    Not ``--verify-ids``: it adds checks to the report and leaves the ids as they are."""
     return {
-        "tokenize": config.tokenize.model_dump(mode="json"),
-        "stop_strings": config.generate.stop,
-        "target": target_identity(config.target),
+        **flat("tokenize", config.tokenize.model_dump(mode="json")),
+        "generate.stop": config.generate.stop,
+        **target_identity(config.target),
     }
 
 
 CONTRACT = StageContract(
     "tokenize",
-    lambda c, p: [p.tokenize_report] + [p.tokenized(d.name) for d in c.datasets if not d.drop],
+    lambda c: ["generate"],
     fingerprint,
+    lambda c, p: [p.tokenize_report] + [p.tokenized(d.name) for d in c.datasets if not d.drop],
+    resumes_itself=True,
 )
 
 
-def _fingerprint(config: RunConfig, source: Path, verify_ids: bool) -> dict:
-    """What a dataset's output depends on: the records file as it is now, and the stage's fingerprint."""
-    st = source.stat()
-    return {"records": [st.st_size, st.st_mtime_ns], **fingerprint(config), "verify_ids": verify_ids}
+def _dataset_key(config: RunConfig, source: Path, verify_ids: bool) -> dict:
+    """What a dataset's output depends on: the records by content, and the stage's fingerprint."""
+    return {"records": file_digest(source), **fingerprint(config), "verify_ids": verify_ids}
 
 
 def _load_done(paths: RunPaths, dataset: str, key: dict) -> DatasetReport | None:

@@ -13,38 +13,78 @@ loadable with :meth:`eyas.drafter.model.Eagle3Drafter.load`.
 Guarantees: an interrupted run continues from its newest checkpoint exactly as if it had
 never stopped (weights, optimizer, scheduler, RNG and data position); the same command
 under ``torchrun`` trains data-parallel with the gradient of one process on the global batch.
+A finished drafter is never rewritten from a checkpoint made with other data or settings: a
+longer run (``train.max_steps`` or ``train.epochs`` raised) continues from the newest
+checkpoint, anything else retrains in ``train.redo/``, swapped in whole when it finishes, so a
+crash at any moment leaves the old drafter with its marker or the new one with its own.
 """
 
 from __future__ import annotations
 
 from eyas.config import RunConfig
-from eyas.stage import StageContract
+from eyas.stage import StageContract, flat
+
+SPEED_KEYS = {"checkpoint_every", "eval_every", "eval_with_target", "parallel", "cache_states"}
+"""``train.*`` keys that change how the run is saved, reported, parallelised or fed, not the
+weights it ends with: checkpoints and evaluations draw no random numbers, DDP and FSDP compute
+the gradient of one process on the global batch, and cached states are the states computed."""
+LENGTH_KEYS = ("train.max_steps", "train.epochs")
+"""Raising these continues a finished run from its newest checkpoint (the learning-rate
+schedule is recomputed for the new length); lowering them retrains."""
 
 
-def _fingerprint(config: RunConfig) -> dict:
-    """What a checkpoint must have been trained with to be continued (the resume check's own), and
-    where the states come from."""
-    from eyas.train.loop import fingerprint
+def fingerprint(config: RunConfig) -> dict:
+    """Every hyperparameter, and where the states come from: offline, extract's marker names the
+    target and layers; online, this stage runs the target itself."""
+    keys = {
+        **flat("train", config.train.model_dump(mode="json", exclude=SPEED_KEYS)),
+        "extract.mode": config.extract.mode,
+    }
+    if config.extract.mode == "online":
+        from eyas.target import aux_layers, served_identity
 
-    return {**fingerprint(config, config.extract.aux_layers or []), "extract.mode": config.extract.mode}
+        keys |= served_identity(config.target)
+        keys["extract.aux_layers"] = aux_layers(config.target, config.extract.aux_layers)
+    return keys
+
+
+def is_longer(old: dict, new: dict) -> bool:
+    """Whether a drafter trained under fingerprint ``old`` can be continued to ``new``: only the
+    run's length changed, and it grew."""
+    changed = {k for k in {*old, *new} if old.get(k) != new.get(k)}
+    return changed <= set(LENGTH_KEYS) and all(_not_shorter(old.get(k), new.get(k)) for k in changed)
+
+
+def _not_shorter(old, new) -> bool:
+    """``max_steps: null`` is no limit."""
+    return new is None or (old is not None and new >= old)
+
+
+def inputs(config: RunConfig) -> list[str]:
+    return ["merge", "extract"] if config.extract.mode == "offline" else ["merge"]
 
 
 CONTRACT = StageContract(
-    "train", lambda c, p: [p.train_final / "config.json", p.train_final / "model.safetensors"], _fingerprint
+    "train",
+    inputs,
+    fingerprint,
+    lambda c, p: [p.train_final / "config.json", p.train_final / "model.safetensors"],
+    extends=is_longer,
 )
 
 
-def run(config: RunConfig, quiet: bool = False, stop_after: int | None = None) -> dict:
+def run(config: RunConfig, quiet: bool = False, stop_after: int | None = None, redo: bool = False) -> dict:
     """Train (or resume) the drafter; returns ``{step, total_steps, final, eval}``.
 
     ``stop_after``: stop cleanly after this many optimizer steps in this invocation, with a
-    checkpoint (for time-boxed jobs); the next run continues from there.
+    checkpoint (for time-boxed jobs); the next run continues from there. ``redo``: checkpoints
+    in progress that were made otherwise are discarded instead of refused.
     """
     from eyas.train.distributed import setup, teardown
     from eyas.train.loop import train
 
     world = setup(config.target)
     try:
-        return train(config, world, quiet, stop_after)
+        return train(config, world, quiet, stop_after, redo)
     finally:
         teardown(world)

@@ -1,8 +1,9 @@
 """Checkpoints with exact resume: weights, optimizer, scheduler, RNG and the data position.
 
 ``train/checkpoints/step-NNNNNNNN/`` holds the drafter in the servable SGLang layout
-(``config.json`` + ``model.safetensors``, fp32, bit-exact) and ``state.pt`` with everything
-else. The data position is the step number itself (see :mod:`eyas.train.data`). A checkpoint
+(``config.json`` + ``model.safetensors``, fp32, bit-exact), ``state.pt`` with everything
+else, and ``made_with.json``: what the run was made with (data digests, hyperparameters), read
+without loading the optimizer state to decide whether a checkpoint may be continued. The data position is the step number itself (see :mod:`eyas.train.data`). A checkpoint
 is written under a ``.tmp`` name and renamed when complete, so a directory named ``step-*``
 is always whole; the two newest are kept.
 
@@ -13,8 +14,10 @@ is a plain copy for one process or DDP and an all-gather under FSDP: every rank 
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +27,11 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 from eyas.drafter.layout import WEIGHTS_FILE, save_sglang
 from eyas.drafter.model import saved_only
-from eyas.stage import StageError
+from eyas.files import replace_dir
+from eyas.stage import StageError, differences
 
 STATE_FILE = "state.pt"
+MADE_WITH_FILE = "made_with.json"
 KEEP = 2
 
 
@@ -61,17 +66,24 @@ def full_state(drafter, optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     return saved_only(weights), optim
 
 
-def write_drafter(weights: dict[str, torch.Tensor], spec, out: Path) -> Path:
-    """The drafter alone (SGLang layout), written aside and renamed."""
+def write_drafter(weights: dict[str, torch.Tensor], spec, out: Path, seal: Callable[[Path], object]) -> Path:
+    """The drafter alone (SGLang layout), written aside, sealed (``seal`` writes the stage's
+    marker into the finished directory) and swapped in whole."""
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_sglang(weights, spec, tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    seal(tmp)
+    replace_dir(tmp, out)
     return out
 
 
-def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: bool, fingerprint: dict) -> Path:
+def made_with(path: Path) -> dict | None:
+    """What a checkpoint was made with (None for one an older eyas wrote)."""
+    file = path / MADE_WITH_FILE
+    return json.loads(file.read_text()) if file.is_file() else None
+
+
+def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: bool, made: dict) -> Path:
     final = checkpoints_dir(train_dir) / f"step-{step:08d}"
     weights, optim = full_state(drafter, optimizer)
     if not is_main:
@@ -79,14 +91,9 @@ def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: boo
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_sglang(weights, drafter.spec, tmp)
-    state = {
-        "step": step,
-        "optimizer": optim,
-        "scheduler": scheduler.state_dict(),
-        "rng": rng_state(),
-        "fingerprint": fingerprint,
-    }
+    state = {"step": step, "optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rng_state()}
     torch.save(state, tmp / STATE_FILE)
+    (tmp / MADE_WITH_FILE).write_text(json.dumps(made, indent=2))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     for old in sorted(checkpoints_dir(train_dir).glob("step-*"))[:-KEEP]:
@@ -95,19 +102,16 @@ def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: boo
     return final
 
 
-def restore(path: Path, drafter, optimizer, scheduler, fingerprint: dict) -> int:
+def restore(path: Path, drafter, optimizer, scheduler, made: dict) -> int:
     """Load a checkpoint into live objects (every rank reads it); returns the steps already done.
 
-    Refuses a checkpoint made with other settings (``fingerprint``): continuing it would be
+    Refuses a checkpoint made with other data or settings than ``made``: continuing it would be
     neither the old run nor the new one."""
+    saved = made_with(path)
+    if saved != made:
+        changes = "; ".join(differences(saved, made)) if saved else "made by an older eyas"
+        raise StageError(f"{path}: made with other data or settings ({changes}); run `eyas train CONFIG --redo`")
     state = torch.load(path / STATE_FILE, weights_only=False)
-    saved = state.get("fingerprint", {})
-    changed = sorted(k for k in set(saved) | set(fingerprint) if saved.get(k) != fingerprint.get(k))
-    if changed:
-        raise StageError(
-            f"{path}: made with other settings ({', '.join(changed)}); restore them, "
-            f"or delete {path.parent.parent} to train anew"
-        )
     weights = load_file(str(path / WEIGHTS_FILE))
     drafter.check_weights(weights, str(path))
     set_state_dict(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,12 +24,13 @@ from eyas.console import progress
 from eyas.drafter.model import Eagle3Drafter
 from eyas.drafter.spec import spec_for_target
 from eyas.drafter.vocab import build_vocab, count_answer_tokens, draft_vocab_size, load_vocab, save_vocab
-from eyas.paths import RunPaths
-from eyas.stage import StageError
+from eyas.files import recover_dir, replace_dir
+from eyas.paths import MARKER, RunPaths
+from eyas.stage import StageError, StageRun, StageState, begin, check, differences, digest, read_marker
 from eyas.target import load_model
-from eyas.target.capture import check_aux_layers, default_aux_layers, num_decoder_layers
+from eyas.target.capture import check_aux_layers, num_decoder_layers
 from eyas.target.heads import TargetParts, from_files, from_model
-from eyas.train import checkpoint
+from eyas.train import CONTRACT, LENGTH_KEYS, checkpoint
 from eyas.train.data import OfflineSource, OnlineSource, Schedule, check_sizes, read_split
 from eyas.train.distributed import World
 from eyas.train.evaluate import TargetHead, batch_stats, evaluate, summarize, totals
@@ -51,22 +53,13 @@ class WarmupCosine:
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress_)))
 
 
-RESUMABLE_CHANGES = {
-    "epochs",
-    "max_steps",
-    "checkpoint_every",
-    "eval_every",
-    "eval_with_target",
-    "parallel",
-    "cache_states",
-}
-"""``train.*`` keys a run may change between resumes: its length, its reporting, how it is parallelised or fed."""
-
-
-def fingerprint(config: RunConfig, aux_layers: list[int]) -> dict:
-    """What a checkpoint must have been trained with to be continued under ``config``."""
-    keys = {f"train.{k}": v for k, v in config.train.model_dump(mode="json").items() if k not in RESUMABLE_CHANGES}
-    return {**keys, "target.model": config.target.model, "aux_layers": list(aux_layers)}
+def resume_key(started: StageRun) -> dict:
+    """What a checkpoint must have been made with to be continued: the stage's marker as it will
+    be written (the data's digests, every hyperparameter) but for the run's length, which a
+    longer run raises. Marker-shaped, so a mismatch is named key by key."""
+    key = {k: v for k, v in started.marker.items() if k != "run"}
+    key["fingerprint"] = {k: v for k, v in key["fingerprint"].items() if k not in LENGTH_KEYS}
+    return key
 
 
 def prepare_vocab(
@@ -101,7 +94,7 @@ def load_target(config: RunConfig, world: World) -> tuple[object | None, TargetP
     return None, from_files(config.target, world.device)
 
 
-def build_source(config: RunConfig, paths: RunPaths, model, world: World):
+def build_source(config: RunConfig, paths: RunPaths, model, world: World, started: StageRun):
     """Training samples with their hidden states (online or from shards) and the aux layers."""
     cfg = config.train
     if config.extract.mode == "offline":
@@ -109,7 +102,7 @@ def build_source(config: RunConfig, paths: RunPaths, model, world: World):
         aux_layers = source.aux_layers
     else:
         num_layers = num_decoder_layers(model)
-        aux_layers = config.extract.aux_layers or default_aux_layers(num_layers)
+        aux_layers = started.marker["fingerprint"]["extract.aux_layers"]
         try:
             check_aux_layers(aux_layers, num_layers)
         except ValueError as e:
@@ -170,7 +163,8 @@ class Trainer:
     schedule: Schedule
     head: TargetHead
     total: int
-    fingerprint: dict
+    made_with: dict
+    """:func:`resume_key`: what this run's checkpoints are made with."""
     step_weights: torch.Tensor
     """[ttt_steps] float64: the weight of TTT step k's loss, ``step_weight ** k``."""
     autocast: Callable
@@ -180,12 +174,13 @@ class Trainer:
     last_eval: dict | None = None
 
 
-def build(config: RunConfig, world: World) -> Trainer:
-    """Target parts, data, drafter, optimizer and LR schedule; the seed is set right before the
-    drafter's weights are drawn, so they do not depend on what loading the rest consumed."""
-    cfg, paths = config.train, RunPaths.of(config)
+def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -> Trainer:
+    """Target parts, data, drafter, optimizer and LR schedule, writing under ``paths`` (the run's
+    own, or its redo place); the seed is set right before the drafter's weights are drawn, so
+    they do not depend on what loading the rest consumed."""
+    cfg = config.train
     model, parts = load_target(config, world)
-    source, aux_layers = build_source(config, paths, model, world)
+    source, aux_layers = build_source(config, paths, model, world, started)
     eval_source = build_eval_source(config, paths, model, aux_layers, world)
     d2t, t2d = prepare_vocab(config, paths, parts.config.vocab_size, world)
     spec = spec_for_target(parts.config, cfg, aux_layers, d2t.shape[0])
@@ -216,7 +211,7 @@ def build(config: RunConfig, world: World) -> Trainer:
         schedule=schedule,
         head=TargetHead(parts.lm_head, used, t2d.to(world.device)),
         total=total,
-        fingerprint=fingerprint(config, aux_layers),
+        made_with=resume_key(started),
         step_weights=torch.tensor([cfg.step_weight**k for k in range(cfg.ttt_steps)], dtype=torch.float64),
         autocast=autocast_for(world.device),
     )
@@ -229,7 +224,7 @@ def resume(trainer: Trainer) -> None:
     path = checkpoint.latest(trainer.paths.train_dir)
     if path is not None:
         trainer.step = checkpoint.restore(
-            path, trainer.drafter, trainer.optimizer, trainer.scheduler, trainer.fingerprint
+            path, trainer.drafter, trainer.optimizer, trainer.scheduler, trainer.made_with
         )
         log.info("resuming from %s (step %d of %d)", path, trainer.step, trainer.total)
     trainer.metrics = MetricsLog(trainer.paths.train_metrics, trainer.world.is_main)
@@ -305,28 +300,93 @@ def save_checkpoint(trainer: Trainer) -> None:
         trainer.optimizer,
         trainer.scheduler,
         trainer.world.is_main,
-        trainer.fingerprint,
+        trainer.made_with,
     )
     trainer.world.barrier()
 
 
-def finish(trainer: Trainer) -> dict:
-    """The last evaluation, then the drafter alone in the servable layout: gathered on every
-    rank (collective under FSDP), written by rank 0."""
+def finish(trainer: Trainer, started: StageRun, resumed_at: int) -> dict:
+    """The last evaluation, then the drafter alone in the servable layout with the stage's
+    marker inside (one rename puts both in place): gathered on every rank (collective under
+    FSDP), written by rank 0."""
     run_eval(trainer)
     weights, _ = checkpoint.full_state(trainer.drafter, trainer.optimizer)
     out = trainer.paths.train_final
     if trainer.world.is_main:
-        out = checkpoint.write_drafter(weights, trainer.drafter.spec, out)
+        facts = {"steps": trainer.step} | ({"continued_from_step": resumed_at} if resumed_at else {})
+        checkpoint.write_drafter(weights, trainer.drafter.spec, out, lambda d: started.finish(d / MARKER, **facts))
     trainer.world.barrier()
     log.info("drafter written to %s", out)
     return {"step": trainer.step, "total_steps": trainer.total, "final": str(out), "eval": trainer.last_eval}
 
 
-def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int | None = None) -> dict:
-    """Build, resume, step to the end (or ``stop_after`` steps on, with a checkpoint), finish."""
-    trainer = build(config, world)
+def workspace(paths: RunPaths, state: StageState, started: StageRun, redo: bool, world: World) -> RunPaths | None:
+    """Where this run trains: ``train/`` when nothing finished is there or a finished run grows
+    longer, else ``train.redo/`` beside the finished drafter, which stays whole until the new one
+    replaces it. None when a redo had finished and is now swapped in.
+
+    Rank 0 clears what must not be resumed — a directory made otherwise (refused unless
+    ``redo``), or a swapped-out old one — while the other ranks wait.
+    """
+    resumable = _resumable(paths, started)
+    in_place = state.status == "missing" or (state.extendable and resumable)
+    work = paths if in_place else paths.rebuilding("train")
+    swapped = False
+    if world.is_main:
+        recover_dir(paths.train_dir)
+        left = read_marker(work.marker("train")) if not in_place else None
+        if left is not None and digest(left) == digest(started.marker):
+            replace_dir(work.train_dir, paths.train_dir)
+            swapped = True
+        elif left is not None or not (in_place and state.extendable):
+            _clear_unless_resumable(work, started, redo)
+    world.barrier()
+    done = world.sum(torch.tensor([float(swapped)], device=world.device))[0].item() if world.distributed else swapped
+    return None if done else work
+
+
+def _resumable(paths: RunPaths, started: StageRun) -> bool:
+    path = checkpoint.latest(paths.train_dir)
+    return path is not None and checkpoint.made_with(path) == resume_key(started)
+
+
+def _clear_unless_resumable(work: RunPaths, started: StageRun, redo: bool) -> None:
+    """Keep the work directory only when its newest checkpoint continues this run; anything else
+    there (a vocabulary, metrics, checkpoints of other data or settings) would be mixed in."""
+    if not work.train_dir.exists() or _resumable(work, started):
+        return
+    path = checkpoint.latest(work.train_dir)
+    if path is not None and not redo:
+        made = checkpoint.made_with(path)
+        changes = "; ".join(differences(made, resume_key(started))) if made else "made by an older eyas"
+        raise StageError(
+            f"{path}: made with other data or settings ({changes}); run `eyas train CONFIG --redo` to train anew, "
+            "or restore them to resume"
+        )
+    if path is not None:
+        log.info("discarding %s: its checkpoints were made with other data or settings", work.train_dir)
+    shutil.rmtree(work.train_dir)
+
+
+def train(
+    config: RunConfig, world: World, quiet: bool = False, stop_after: int | None = None, redo: bool = False
+) -> dict:
+    """Build, resume, step to the end (or ``stop_after`` steps on, with a checkpoint), finish;
+    when the drafter on disk is current already, say so and return it."""
+    paths = RunPaths.of(config)
+    started = begin(config, CONTRACT, paths)
+    state = check(config, CONTRACT, paths)
+    if state.status == "current":
+        log.info("the drafter in %s is up to date", paths.train_final)
+        steps = read_marker(paths.marker("train"))["run"].get("steps")
+        return {"step": steps, "total_steps": steps, "final": str(paths.train_final), "eval": None}
+    work = workspace(paths, state, started, redo, world)
+    if work is None:
+        log.info("a finished redo was swapped in: %s", paths.train_final)
+        return {"step": None, "total_steps": None, "final": str(paths.train_final), "eval": None}
+    trainer = build(config, world, work, started)
     resume(trainer)
+    resumed_at = trainer.step
     cfg, total = trainer.cfg, trainer.total
     stop_at = total if stop_after is None else min(total, trainer.step + stop_after)
     with progress(quiet or not world.is_main, unit="tok") as bar:
@@ -347,4 +407,9 @@ def train(config: RunConfig, world: World, quiet: bool = False, stop_after: int 
     if trainer.step < total:
         log.info("stopped at step %d of %d; rerun the same command to continue", trainer.step, total)
         return {"step": trainer.step, "total_steps": total, "final": None, "eval": None}
-    return finish(trainer)
+    result = finish(trainer, started, resumed_at)
+    if work != paths and world.is_main:
+        replace_dir(work.train_dir, paths.train_dir)
+        log.info("the retrained drafter replaces the old one in %s", paths.train_dir)
+    world.barrier()
+    return {**result, "final": str(paths.train_final)}
