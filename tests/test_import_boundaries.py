@@ -3,8 +3,9 @@
 Stages import the ground floor (config, paths, records, files, stage, console, jsonl,
 tensorfile), the shared ``target`` and ``drafter`` packages, and the modules through which
 earlier stages hand over their records (``READERS``) — never another stage's internals, and
-never a later stage. ``target`` and ``drafter`` import no stage at all. Every import counts,
-including those inside functions.
+never a later stage. ``target`` and ``drafter`` import no stage at all; the ground floor imports
+neither a stage nor ``target`` or ``drafter``. Only the top — ``cli``, ``pipeline``, ``demo`` —
+sees every stage. Every import counts, including those inside functions.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ STAGES = ("prompts", "generate", "tokenize", "merge", "extract", "train", "expor
 READERS = {
     "prompts": {"eyas.prompts"},
     "generate": {"eyas.generate.store"},
-    "merge": {"eyas.merge.reader"},
+    "merge": {"eyas.merge.reader", "eyas.merge.stats"},
     "extract": {"eyas.extract.reader"},
 }
-"""Each stage's public way to read what it produced (tokenize's Parquet is read through merge)."""
+"""Each stage's public way to read what it produced (tokenize's Parquet is read through merge;
+merge's ``stats.json`` and its length histogram through ``merge.stats``)."""
 SHARED = ("target", "drafter")
+TOP = ("cli", "pipeline", "demo", "__main__")
+"""Top-level modules that assemble the stages; every other top-level module is the ground floor."""
 
 
 def imports(path: Path) -> set[str]:
@@ -51,13 +55,21 @@ def allowed(package: str, name: str) -> bool:
 
 
 def violations() -> list[str]:
-    return [
+    packaged = [
         f"{path.relative_to(SRC)} imports {name}"
         for package in STAGES + SHARED
         for path in sorted((SRC / package).rglob("*.py"))
         for name in sorted(imports(path))
         if not allowed(package, name)
     ]
+    ground = [
+        f"{path.relative_to(SRC)} imports {name}"
+        for path in sorted(SRC.glob("*.py"))
+        if path.stem not in TOP
+        for name in sorted(imports(path))
+        if owner(name) is not None
+    ]
+    return packaged + ground
 
 
 def test_stages_reach_earlier_stages_only_through_their_readers():
@@ -74,9 +86,12 @@ def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
         "from eyas.merge.reader import iter_split\nfrom eyas.drafter.model import Eagle3Drafter\n"
     )
     (fake / "target" / "bad.py").write_text("import eyas.extract.reader\n")
+    (fake / "paths.py").write_text("def f():\n    import eyas.target\n")
+    (fake / "cli.py").write_text("import eyas.train.loop\n")
     monkeypatch.setattr(__import__(__name__, fromlist=["SRC"]), "SRC", fake)
     assert violations() == [
         "eval/bad.py imports eyas.train.loop",
         "eval/bad.py imports eyas.train.loop.train",
         "target/bad.py imports eyas.extract.reader",
+        "paths.py imports eyas.target",
     ]

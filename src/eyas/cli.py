@@ -126,7 +126,7 @@ def merge(config: ConfigArg, redo: RedoOpt = False, quiet: QuietOpt = False) -> 
 @app.command()
 def estimate(config: ConfigArg) -> None:
     """Predict extraction storage and time from the target's config and the corpus; show what caps, fp8 and drops save."""
-    from eyas import estimate as stage
+    from eyas.extract import estimate as stage
 
     stage.run(_open_run(config, quiet=True))
 

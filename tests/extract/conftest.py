@@ -25,7 +25,7 @@ def merged_run(tmp_path, extract_rows):
         {
             "run_dir": str(paths.root),
             "target": {"device": "cpu"},
-            "datasets": [{"name": "chat", "source": "unused.jsonl"}],
+            "datasets": [{"name": "chat", "source": str(tmp_path / "unused.jsonl")}],
             "merge": {"eval_count": 2},
             "extract": {"shard_tokens": 64, "batch_tokens": 96},
         }

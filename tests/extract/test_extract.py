@@ -7,8 +7,8 @@ from safetensors import safe_open
 
 from eyas import extract, pipeline
 from eyas.config import ConfigError
-from eyas.estimate import gather
 from eyas.extract import storage
+from eyas.extract.estimate import gather
 from eyas.extract.plan import bytes_per_token
 from eyas.extract.reader import HiddenStates
 from eyas.merge.reader import iter_split

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from eyas.extract import storage
 from eyas.extract.reader import HiddenStates
 from eyas.merge.reader import iter_split
 from eyas.paths import RunPaths
+from eyas.stage import digest, read_marker
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -102,3 +104,50 @@ def test_torchrun_ranks_write_their_own_shards(merged_run, tmp_path):
     assert ranks == [0, 1, 0, 1, 0, 1]
     states = HiddenStates(hidden)
     assert len(states) == 6 and states.verify() == []
+
+
+def whole(hidden: Path) -> dict:
+    """What ``hidden/`` holds, checked to be one complete set: its marker, the aux layers it names,
+    and every shard file with the checksum its index gives (no shard beside them)."""
+    marker = read_marker(hidden / "stage.json")
+    index = json.loads((hidden / "index.json").read_text())
+    files = {s["file"]: s["sha256"] for s in index["shards"]}
+    assert {p.name for p in hidden.glob("shard-*.safetensors")} == set(files)
+    assert all(storage.file_sha256(hidden / f) == sha for f, sha in files.items())
+    assert index["aux_layers"] == marker["fingerprint"]["extract.aux_layers"]
+    return {"marker": digest(marker), "files": files}
+
+
+def test_a_redo_killed_at_any_point_leaves_the_old_states_or_the_new_never_a_mix(merged_run, tmp_path):
+    hidden = RunPaths.of(merged_run).hidden_dir
+    old_config = write_config(merged_run, tmp_path / "old.yaml", shard_tokens=1)
+    subprocess.run([sys.executable, "-m", "eyas", "extract", str(old_config), "-q"], env=env(), cwd=ROOT, check=True)
+    old = whole(hidden)
+    config = write_config(merged_run, tmp_path / "new.yaml", shard_tokens=1, aux_layers=[2, 10, 20])
+    redo = hidden.with_name("hidden.redo")
+    kill_points = [
+        lambda: redo.is_dir(),
+        lambda: (redo / "shard-00001.json").exists(),
+        lambda: (redo / "shard-00004.json").exists(),
+        lambda: (redo / "index.json").exists(),
+    ]
+    seen = []
+    for ready in kill_points:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "eyas", "extract", str(config), "-q", "--redo"], env=env(), cwd=ROOT
+        )
+        while not ready() and proc.poll() is None:
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        now = whole(hidden)
+        seen.append("old" if now == old else "new")
+        if seen[-1] == "new":
+            break
+    assert seen[0] == "old", seen
+    subprocess.run(
+        [sys.executable, "-m", "eyas", "extract", str(config), "-q", "--redo"], env=env(), cwd=ROOT, check=True
+    )
+    new = whole(hidden)
+    assert new["marker"] != old["marker"] and not redo.exists()
+    assert HiddenStates(hidden).aux_layers == [2, 10, 20]

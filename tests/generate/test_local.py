@@ -14,6 +14,7 @@ from eyas.config import load_config
 from eyas.generate.status import collect
 from eyas.generate.store import read_records
 from eyas.paths import RunPaths
+from eyas.stage import read_marker
 from tests.conftest import ROOT, write_jsonl
 
 QUESTIONS = [
@@ -98,3 +99,26 @@ def test_killed_run_restarts_with_exactly_one_record_per_prompt(tmp_path):
     assert result.returncode == 0, result.stderr
     ids = [r.id for r in read_records(out)]
     assert len(ids) == 6 and len(set(ids)) == 6
+
+
+def test_other_sampling_settings_exit_6_and_redo_sets_the_old_records_aside(tmp_path):
+    """Records made under other sampling settings were refused as a bad config (exit 2), where
+    the run directory is what is not ready (exit 6); nothing offered to start over."""
+    config_path = make_config(tmp_path, n=2, max_tokens=4)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "300"}
+    cmd = [sys.executable, "-m", "eyas", "generate", str(config_path), "--quiet"]
+    assert subprocess.run(cmd, env=env, capture_output=True).returncode == 0
+    paths = RunPaths.of(load_config(config_path))
+    before = paths.generations("qa").read_text()
+
+    make_config(tmp_path, n=2, max_tokens=5)
+    refused = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    assert refused.returncode == 6, refused.stderr
+    assert "generate.max_tokens: 4 -> 5" in refused.stderr and "eyas generate CONFIG --redo" in refused.stderr
+    assert paths.generations("qa").read_text() == before
+
+    assert subprocess.run([*cmd, "--redo"], env=env, capture_output=True).returncode == 0
+    (aside,) = paths.generate_dir.glob("superseded-*")
+    assert (aside / "qa.jsonl").read_text() == before and (aside / "settings.json").is_file()
+    assert len(list(read_records(paths.generations("qa")))) == 2
+    assert read_marker(paths.marker("generate"))["fingerprint"]["generate.max_tokens"] == 5

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import eyas.train
+from eyas import pipeline
 from eyas.config import ConfigError
 from eyas.drafter.model import Eagle3Drafter
-from eyas.stage import StageError
+from eyas.paths import RunPaths
+from eyas.stage import StageError, check, digest, read_marker
 from eyas.train.metrics import read_metrics
 from tests.train.conftest import copy_run, load_tiny, subprocess_env, write_config
 
@@ -71,11 +75,41 @@ def test_resumed_run_in_fresh_process_continues_bit_for_bit(merged_run, tmp_path
 
 
 @pytest.mark.slow
-def test_resume_refuses_changed_settings_but_allows_more_steps(merged_run):
+def test_a_finished_drafter_is_never_rewritten_from_other_settings(merged_run):
+    """A finished run once restored its final checkpoint under any new setting that its resume
+    check left out, and wrote the old weights again; longer runs were reported up to date."""
+    paths = RunPaths.of(load_tiny(merged_run))
     eyas.train.run(load_tiny(merged_run, max_steps=1), quiet=True)
-    with pytest.raises(StageError, match=r"step-00000001: made with other settings \(train.lr\)"):
+    first = load_file(str(paths.train_final / "model.safetensors"))
+
+    longer = load_tiny(merged_run, max_steps=2)
+    state = check(longer, eyas.train.CONTRACT, paths)
+    assert state.status == "stale" and state.extendable and state.changes == ["train.max_steps: 1 → 2"]
+    assert pipeline.prepare(longer, "train")  # a longer run needs no --redo: it continues
+    result = eyas.train.run(longer, quiet=True)
+    assert result["step"] == 2 and read_marker(paths.marker("train"))["run"]["continued_from_step"] == 1
+    assert [r["step"] for r in read_metrics(paths.train_metrics)] == [1, 2]
+    assert eyas.train.run(longer, quiet=True)["step"] == 2  # now current: nothing runs
+
+    other = load_tiny(merged_run, max_steps=2, lr=1e-4)
+    with pytest.raises(StageError, match=r"made with other settings or input \(train.lr: 0.003 → 0.0001\).*--redo"):
+        pipeline.prepare(other, "train")
+    assert not check(load_tiny(merged_run, max_steps=1), eyas.train.CONTRACT, paths).extendable  # shorter: retrain
+    eyas.train.run(other, quiet=True, redo=True)
+    retrained = read_marker(paths.marker("train"))
+    assert retrained["fingerprint"]["train.lr"] == 1e-4 and "continued_from_step" not in retrained["run"]
+    assert [r["step"] for r in read_metrics(paths.train_metrics)] == [1, 2]
+    again = load_file(str(paths.train_final / "model.safetensors"))
+    assert not all(torch.equal(first[k], again[k]) for k in first)
+    assert not (merged_run / "train.redo").exists()
+
+
+@pytest.mark.slow
+def test_checkpoints_in_progress_made_otherwise_are_refused_or_discarded(merged_run):
+    eyas.train.run(load_tiny(merged_run, max_steps=2, checkpoint_every=1), quiet=True, stop_after=1)
+    with pytest.raises(StageError, match=r"step-00000001: made with other data or settings \(train.lr: .*--redo"):
         eyas.train.run(load_tiny(merged_run, max_steps=2, lr=1e-4), quiet=True)
-    result = eyas.train.run(load_tiny(merged_run, max_steps=2), quiet=True)
+    result = eyas.train.run(load_tiny(merged_run, max_steps=2, lr=1e-4), quiet=True, redo=True)
     assert result["step"] == 2
     assert [r["step"] for r in read_metrics(merged_run / "train" / "metrics.jsonl")] == [1, 2]
 
@@ -95,3 +129,49 @@ def test_online_training_refuses_unservable_aux_layers(merged_run):
     config = config.model_copy(update={"extract": config.extract.model_copy(update={"aux_layers": [3, 1, 2]})})
     with pytest.raises(ConfigError, match=r"extract\.aux_layers: \[3, 1, 2\] must be distinct and strictly ascending"):
         eyas.train.run(config, quiet=True)
+
+
+def drafter_on_disk(run_dir) -> dict:
+    """The finished drafter in ``train/``: its marker's digest, its weights and metrics, byte for byte."""
+    train = run_dir / "train"
+    return {
+        "marker": digest(read_marker(train / "final" / "stage.json")),
+        "weights": (train / "final" / "model.safetensors").read_bytes(),
+        "metrics": (train / "metrics.jsonl").read_text(),
+    }
+
+
+@pytest.mark.slow
+def test_a_retrain_killed_at_any_point_leaves_the_old_drafter_or_the_new_never_a_mix(merged_run):
+    settings = {"max_steps": 6, "epochs": 10.0, "checkpoint_every": 1}
+    eyas.train.run(load_tiny(merged_run, **settings), quiet=True)
+    old = drafter_on_disk(merged_run)
+    config = write_config(merged_run, lr=1e-4, **settings)
+    redo = merged_run / "train.redo"
+    kill_points = [
+        lambda: redo.is_dir(),
+        lambda: (redo / "checkpoints" / "step-00000002").is_dir(),
+        lambda: (redo / "checkpoints" / "step-00000006").is_dir(),
+        lambda: (redo / "final").is_dir(),
+    ]
+    seen = []
+    for ready in kill_points:
+        command = [sys.executable, "-m", "eyas", "train", str(config), "--redo", "-q"]
+        proc = subprocess.Popen(command, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while not ready() and proc.poll() is None:
+            time.sleep(0.001)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        now = drafter_on_disk(merged_run)
+        seen.append("old" if now == old else "new")
+        assert (
+            now == old or read_marker(merged_run / "train" / "final" / "stage.json")["fingerprint"]["train.lr"] == 1e-4
+        )
+        if seen[-1] == "new":
+            break
+    assert seen[0] == "old", seen
+    done = subprocess.run([sys.executable, "-m", "eyas", "train", str(config), "--redo", "-q"], env=subprocess_env())
+    assert done.returncode == 0 and not redo.exists()
+    new = drafter_on_disk(merged_run)
+    assert new["marker"] != old["marker"] and new["weights"] != old["weights"]
+    assert [r["step"] for r in read_metrics(merged_run / "train" / "metrics.jsonl")] == list(range(1, 7))

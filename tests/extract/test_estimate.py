@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from eyas.config import RunConfig
-from eyas.estimate import Inputs, estimate, gather
+from eyas.extract.estimate import Inputs, estimate, gather
 from eyas.merge.stats import SplitStats, tokens_over
 from eyas.stage import StageError
 
