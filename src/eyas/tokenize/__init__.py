@@ -50,8 +50,8 @@ def run(config: RunConfig, quiet: bool = False, verify_ids: bool = False) -> dic
         if not source.exists():
             log.warning("%s: no generation records at %s; run `eyas generate` first", dataset.name, source)
             continue
-        key = _dataset_key(config, source, verify_ids)
-        done = _load_done(paths, dataset.name, key)
+        key = _dataset_key(config, source)
+        done = _load_done(paths, dataset.name, key, verify_ids)
         if done is not None:
             log.info("%s: already tokenized with these records and settings", dataset.name)
             reports.append(done)
@@ -59,9 +59,10 @@ def run(config: RunConfig, quiet: bool = False, verify_ids: bool = False) -> dic
         # From the first dataset redone until the last is written, no marker vouches for the directory.
         paths.marker("tokenize").unlink(missing_ok=True)
         report = _tokenize_dataset(config, fmt, source, paths.tokenized(dataset.name), verify_ids, quiet)
-        _save_done(paths, dataset.name, key, report)
+        _save_done(paths, dataset.name, key, report, verify_ids)
         reports.append(report)
-    result = {"format": fmt.name, "verify_ids": verify_ids, "datasets": {r.dataset: r.to_dict() for r in reports}}
+    verified = verify_ids or any(r.verified for r in reports)
+    result = {"format": fmt.name, "verify_ids": verified, "datasets": {r.dataset: r.to_dict() for r in reports}}
     write_json_atomic(paths.tokenize_report, result, ensure_ascii=False)
     started.finish(paths.marker("tokenize"))
     if not quiet and reports:
@@ -144,19 +145,24 @@ CONTRACT = StageContract(
 )
 
 
-def _dataset_key(config: RunConfig, source: Path, verify_ids: bool) -> dict:
+def _dataset_key(config: RunConfig, source: Path) -> dict:
     """What a dataset's output depends on: the records by content, and the stage's fingerprint."""
-    return {"records": file_digest(source), **fingerprint(config), "verify_ids": verify_ids}
+    return {"records": file_digest(source), **fingerprint(config)}
 
 
-def _load_done(paths: RunPaths, dataset: str, key: dict) -> DatasetReport | None:
+def _load_done(paths: RunPaths, dataset: str, key: dict, verify_ids: bool) -> DatasetReport | None:
+    """The report of a dataset already tokenized under ``key``; one verified earlier also serves a
+    run that does not ask to verify (the ids are the same), not the other way round."""
     marker = paths.tokenize_done(dataset)
     if not marker.exists() or not paths.tokenized(dataset).exists():
         return None
     saved = json.loads(marker.read_text())
-    return DatasetReport.from_dict(saved["report"]) if saved.get("key") == key else None
+    if saved.get("key") != key or (verify_ids and not saved.get("verified")):
+        return None
+    return DatasetReport.from_dict(saved["report"])
 
 
-def _save_done(paths: RunPaths, dataset: str, key: dict, report: DatasetReport) -> None:
+def _save_done(paths: RunPaths, dataset: str, key: dict, report: DatasetReport, verified: bool) -> None:
     """Written after the Parquet file is in place: its existence means the dataset is complete."""
-    write_json_atomic(paths.tokenize_done(dataset), {"key": key, "report": report.to_dict()}, ensure_ascii=False)
+    done = {"key": key, "verified": verified, "report": report.to_dict()}
+    write_json_atomic(paths.tokenize_done(dataset), done, ensure_ascii=False)
