@@ -9,8 +9,9 @@ Methods, all with the same ``eval.num_draft_tokens``: plain decoding (reference 
 speed), prompt lookup (the baseline to beat), the EAGLE-3 drafter, and the same drafter fed
 its aux states in the wrong order (a control that must collapse toward τ = 1).
 
-With ``eval.engine: vllm`` (or ``--engine vllm``) the export is also served by vLLM itself and
-its own counters stand beside eyas's figures, checked for agreement (:mod:`eyas.eval.vllm_engine`).
+With ``eval.engine: vllm`` (or ``--engine vllm``) the export is also served by vLLM itself, once
+eyas has released the target, and its own counters stand beside eyas's figures, checked for
+agreement (:mod:`eyas.eval.vllm_engine`).
 With ``eval.in_process: false`` as well, the target is never loaded here (it may not fit one
 device): vLLM runs plain decoding and the drafter, and its figures are the report.
 
@@ -22,6 +23,7 @@ eval resumes and a changed setting or drafter never reuses stale results.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import time
@@ -78,7 +80,7 @@ def run(
     engine: str | None = None,
 ) -> dict:
     """Evaluate and return the report (also written to ``eval/report.json``)."""
-    from eyas.target import end_of_turn_id, load_model, load_tokenizer
+    from eyas.target import end_of_turn_id, load_tokenizer
 
     paths = RunPaths.of(config)
     cfg = config.eval
@@ -95,6 +97,26 @@ def run(
         from eyas.eval.vllm_engine import run_in_vllm_only
 
         return _finish(run_in_vllm_only(config, draft_dir, eval_prompts, stop_ids, paths.eval_dir), paths, quiet)
+    report, done, dtype = _eval_in_process(config, draft_dir, eval_prompts, stop_ids, prompts, paths, quiet)
+    if engine == "vllm":
+        # The target and drafter went with _eval_in_process; vLLM's start-up wants their device memory
+        # back, which the caching allocator keeps until asked (and cycles keep until collected).
+        gc.collect()
+        torch.cuda.empty_cache()
+        _add_vllm(report, config, dtype, draft_dir, eval_prompts, stop_ids, paths, done)
+    return _finish(report, paths, quiet)
+
+
+def _eval_in_process(
+    config: RunConfig, draft_dir: Path, eval_prompts: list[EvalPrompt], stop_ids, prompts: str | None, paths, quiet
+) -> tuple[dict, dict, str]:
+    """eyas's own eval with the target loaded here: the report, the per-prompt results, the target's dtype.
+
+    Everything it loads is released when it returns, so vLLM can have the device next.
+    """
+    from eyas.target import load_model
+
+    cfg = config.eval
     model = load_model(config.target)
     drafter = load_drafter(draft_dir, model)
     sample_drafts = cfg.draft_sampling == "sample"
@@ -131,9 +153,7 @@ def run(
                 bar.update(task, advance=1, rate=tokens / max(time.monotonic() - started, 1e-9))
 
     report = _report(config, draft_dir, eval_prompts, methods, done)
-    if engine == "vllm":
-        _add_vllm(report, config, model, draft_dir, eval_prompts, stop_ids, paths, done)
-    return _finish(report, paths, quiet)
+    return report, done, str(model.dtype).removeprefix("torch.")
 
 
 def _finish(report: dict, paths: RunPaths, quiet: bool) -> dict:
@@ -153,15 +173,18 @@ def _finish(report: dict, paths: RunPaths, quiet: bool) -> dict:
 
 
 def _add_vllm(
-    report: dict, config: RunConfig, model, draft_dir: Path, prompts: list[EvalPrompt], stop_ids, paths, done
+    report: dict, config: RunConfig, dtype: str, draft_dir: Path, prompts: list[EvalPrompt], stop_ids, paths, done
 ) -> None:
-    """Serve the export in vLLM on the same prompts; its row and the agreement check join the report."""
+    """Serve the export in vLLM on the same prompts, the target in eyas's ``dtype``; its row and the
+    agreement check join the report."""
     from eyas.eval import vllm_engine
+    from eyas.target.settings import SpeculativeDecoding
     from eyas.target.vllm_engine import speculative_decode
 
     cfg = config.eval
-    dtype = str(model.dtype).removeprefix("torch.")
-    result = speculative_decode(config, draft_dir, [p.input_ids for p in prompts], stop_ids, dtype, paths.eval_dir)
+    ids = [p.input_ids for p in prompts]
+    decoding = SpeculativeDecoding.from_config(cfg)
+    result = speculative_decode(config.target, decoding, draft_dir, ids, stop_ids, dtype, paths.eval_dir)
     reference = {p.id: done[(PLAIN, p.id)].tokens for p in prompts} if cfg.temperature == 0 else None
     vllm = vllm_engine.summarize_vllm(result, [p.id for p in prompts], cfg.num_draft_tokens, reference)
     report["methods"][vllm_engine.METHOD] = vllm
