@@ -13,14 +13,16 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
-from eyas.config import ConfigError, GenerateConfig, RunConfig, TargetConfig
+from eyas.config import ConfigError, TargetConfig
 from eyas.target import end_of_turn_id, load_model, load_tokenizer
 from eyas.target.generation import Job, LocalGenerator, run_jobs
+from eyas.target.settings import Sampling
 from eyas.target.vllm import vllm_python
 from eyas.target.vllm_engine import VllmGenerator
 
@@ -73,9 +75,9 @@ def main() -> None:
     end = end_of_turn_id(tokenizer)
     jobs = [Job(i, [{"role": "user", "content": q}], []) for i, q in enumerate(questions(args.prompts))]
     rows = []
+    greedy = Sampling(max_tokens=args.max_tokens, temperature=0.0, top_p=1.0, seed=0, batch_size=args.batch_size)
     for batch_size in (1, args.batch_size):
-        settings = GenerateConfig(max_tokens=args.max_tokens, batch_size=batch_size)
-        generator = LocalGenerator(model, tokenizer, end, settings)
+        generator = LocalGenerator(model, tokenizer, end, replace(greedy, batch_size=batch_size))
         for job in jobs:
             job.prompt_ids = generator.encode_prompt(job.messages)
         tokens, seconds = measure(generator, jobs)
@@ -85,15 +87,9 @@ def main() -> None:
     except ConfigError as e:
         Console().print(f"vLLM row skipped: {e}")
     else:
-        config = RunConfig.model_validate(
-            {
-                "run_dir": tempfile.mkdtemp(),
-                "target": {"device": "cpu"},
-                "generate": {"backend": "vllm", "max_tokens": args.max_tokens, "batch_size": args.batch_size},
-            }
-        )
+        log_path = Path(tempfile.mkdtemp()) / "vllm.log"
         started = time.perf_counter()
-        with VllmGenerator(config, tokenizer, end, {end}, "float32", Path(config.run_dir) / "vllm.log") as generator:
+        with VllmGenerator(target, greedy, tokenizer, end, {end}, log_path) as generator:
             generator.generate_batch([jobs[0].prompt_ids], 0, 1)  # waits for the engine to be up
             Console().print(f"vLLM engine start: {time.perf_counter() - started:.1f} s (once per run, not in the row)")
             tokens, seconds = measure(generator, jobs)

@@ -48,6 +48,8 @@ class TargetConfig(Section):
     """`auto` (cuda when available, else cpu), `cpu`, `cuda`, or `cuda:N`."""
     vllm_python: str | None = None
     """Python that imports vllm, for stages that run the target in vLLM (default $EYAS_VLLM_PYTHON, this interpreter, or the checkout's .venv-vllm from `make vllm`)."""
+    vllm_timeout_s: float = Field(default=1800.0, gt=0.0)
+    """Longest wait in seconds for a vLLM child to answer, its start (loading the target) included; then it is stopped."""
 
 
 class DatasetConfig(Section):
@@ -459,7 +461,8 @@ def parse_config(data: Any, source: str = "<config>") -> RunConfig:
 
 
 def load_config(path: str | Path) -> RunConfig:
-    """Read a YAML run config; a relative run_dir is taken relative to the config file."""
+    """Read a YAML run config; relative paths in it (run_dir, eval.prompts, local dataset sources,
+    target.vllm_python) are taken relative to the config file."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -478,6 +481,9 @@ def load_config(path: str | Path) -> RunConfig:
     for key in ("prompts", "draft"):
         if getattr(config.eval, key) is not None:
             setattr(config.eval, key, str((base / Path(getattr(config.eval, key)).expanduser()).resolve()))
+    if config.target.vllm_python is not None:
+        # Absolute but not resolved: a virtual environment's python is a symlink that must stay one.
+        config.target.vllm_python = os.path.abspath(base / Path(config.target.vllm_python).expanduser())
     for d in config.datasets:
         # A relative local source is relative to the config file; a hub id stays as it is.
         local = (base / d.source).exists() or Path(d.source).suffix in (".jsonl", ".json", ".parquet")

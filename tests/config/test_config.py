@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 
 from eyas.config import ConfigError, RunConfig, dump_config, load_config, parse_config, resolve_api_key
@@ -103,3 +105,22 @@ def test_missing_api_key_error_never_shows_a_value(tmp_path, monkeypatch):
         resolve_api_key("EYAS_ABSENT_KEY", None)
     with pytest.raises(ConfigError, match="generate.http.api_key_file: cannot read"):
         resolve_api_key(None, str(tmp_path / "nope"))
+
+
+def test_a_relative_vllm_python_is_taken_against_the_config_file_and_its_link_kept(tmp_path):
+    python = tmp_path / "envs" / "vllm" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.symlink_to(sys.executable)
+    (tmp_path / "runs").mkdir()
+    path = write(
+        tmp_path / "runs", "run_dir: out\ntarget:\n  vllm_python: ../envs/vllm/bin/python\n  vllm_timeout_s: 60\n"
+    )
+    config = load_config(path)
+    # Absolute, `..` folded, but not resolved: a virtual environment's python is a symlink.
+    assert config.target.vllm_python == str(python)
+    assert config.target.vllm_timeout_s == 60.0
+
+
+def test_vllm_timeout_must_be_positive():
+    with pytest.raises(ConfigError, match=r"target.vllm_timeout_s: Input should be greater than 0"):
+        parse_config({"run_dir": "x", "target": {"vllm_timeout_s": 0}})

@@ -17,6 +17,7 @@ from eyas.eval import vllm_engine
 from eyas.target.vllm import ENV_PYTHON, vllm_python
 from tests.conftest import vllm_or_skip, write_jsonl
 from tests.train.conftest import subprocess_env
+from tests.vllm_stand_ins import EVAL, stand_in
 
 from .overfit import OVERFIT_NEW, TEXTS
 
@@ -41,9 +42,10 @@ def vllm_run(tmp_path_factory, overfit):
     (root / "run.yaml").write_text(
         "run_dir: run\n"
         "target: {model: embedded, device: cpu}\n"
-        f"eval: {{num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl, broken_control: false}}\n"
+        f"eval: {{engine: vllm, num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl,"
+        " draft: draft, broken_control: false}\n"
     )
-    done = eyas_eval(root / "run.yaml", "--engine", "vllm", "--draft", root / "draft", "-q")
+    done = eyas_eval(root / "run.yaml", "-q")
     return root, done
 
 
@@ -71,7 +73,7 @@ def test_a_second_run_reuses_vllms_result(vllm_run):
     root, _ = vllm_run
     cached = list((root / "run" / "eval").glob("vllm-*.json"))
     assert len(cached) == 1
-    done = eyas_eval(root / "run.yaml", "--engine", "vllm", "--draft", root / "draft")
+    done = eyas_eval(root / "run.yaml")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "vLLM τ" in done.stderr and ": agree" in done.stderr
     assert "in vLLM" not in done.stderr
@@ -91,9 +93,10 @@ def test_with_the_target_not_loaded_here_vllm_alone_measures_tau(vllm_run, tmp_p
     (tmp_path / "run.yaml").write_text(
         "run_dir: run\n"
         "target: {model: embedded, device: cpu}\n"
-        f"eval: {{engine: vllm, in_process: false, num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl}}\n"
+        f"eval: {{engine: vllm, in_process: false, num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, "
+        f"prompts: prompts.jsonl, draft: {root / 'draft'}}}\n"
     )
-    done = eyas_eval(tmp_path / "run.yaml", "--draft", root / "draft", "-q")
+    done = eyas_eval(tmp_path / "run.yaml", "-q")
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((eval_dir / "report.json").read_text())
     assert list(report["methods"]) == [vllm_engine.METHOD] and report["plain"]["engine"].startswith("vllm ")
@@ -104,6 +107,44 @@ def test_with_the_target_not_loaded_here_vllm_alone_measures_tau(vllm_run, tmp_p
     assert not list(eval_dir.glob("results-*.jsonl")), "eyas's own in-process eval never ran"
     with_eyas = json.loads((root / "run" / "eval" / "report.json").read_text())
     assert vllm["tau"] == with_eyas["methods"][vllm_engine.METHOD]["tau"]
+
+
+@pytest.mark.slow
+def test_eyas_releases_the_target_before_vllm_starts_and_tells_vllm_the_free_share(tmp_path, overfit, monkeypatch):
+    """After eyas's own eval the target it loaded is gone by the time vLLM's share of the device is
+    measured, and the eval child is told that share (the memory query is stubbed: no GPU here)."""
+    import weakref
+
+    import eyas.target
+    from eyas import eval as stage
+    from eyas.config import load_config
+    from eyas.target import vllm_engine as target_vllm
+
+    loaded, load_model = [], eyas.target.load_model
+
+    def load_and_watch(*args, **kwargs):
+        model = load_model(*args, **kwargs)
+        loaded.append(weakref.ref(model))
+        return model
+
+    def device_memory():
+        assert len(loaded) == 1 and loaded[0]() is None, "eyas still holds the target as vLLM starts"
+        return 60 * 2**30, 80 * 2**30
+
+    monkeypatch.setattr(eyas.target, "load_model", load_and_watch)
+    monkeypatch.setattr(target_vllm, "device_memory", device_memory)
+    overfit[3].save(tmp_path / "draft")
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": TEXTS[0]}])
+    (tmp_path / "run.yaml").write_text(
+        "run_dir: run\n"
+        f"target: {{model: embedded, device: cpu, vllm_python: {stand_in(tmp_path, EVAL)}}}\n"
+        f"eval: {{engine: vllm, num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl, "
+        "draft: draft, broken_control: false}\n"
+    )
+    stage.run(load_config(tmp_path / "run.yaml"), quiet=True)
+    [result] = (tmp_path / "run" / "eval").glob("vllm-*.json")
+    share = json.loads(result.read_text())["request"]["gpu_memory_utilization"]
+    assert share == target_vllm.gpu_memory_utilization(60 * 2**30, 80 * 2**30)
 
 
 def test_in_process_false_needs_vllm_to_run_the_target(tmp_path):

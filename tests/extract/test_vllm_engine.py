@@ -19,6 +19,7 @@ from eyas.config import parse_config
 from eyas.paths import RunPaths
 from eyas.target.capture import default_aux_layers, num_decoder_layers
 from eyas.target.engines import TransformersPrefill
+from eyas.target.settings import PrefillCapture
 from eyas.target.vllm_engine import VllmPrefill
 from eyas.train.metrics import read_metrics
 from tests.conftest import vllm_or_skip
@@ -36,9 +37,15 @@ def test_vllm_captures_the_transformers_states_in_float32(merged_run, model, ext
     vllm_or_skip()
     samples = [r["input_ids"] for r in extract_rows[:4]]
     layers = default_aux_layers(num_decoder_layers(model))
-    config = with_extract(merged_run, engine="vllm")
+    capture = PrefillCapture.from_config(with_extract(merged_run, engine="vllm").extract)
     with VllmPrefill(
-        config, layers, num_decoder_layers(model), max(map(len, samples)), tmp_path / "staging", tmp_path / "vllm.log"
+        merged_run.target,
+        capture,
+        layers,
+        num_decoder_layers(model),
+        max(map(len, samples)),
+        tmp_path / "staging",
+        tmp_path / "vllm.log",
     ) as vllm:
         got = vllm.capture(samples)
     assert not list(tmp_path.glob("staging*")), "the per-sample files are read and removed"

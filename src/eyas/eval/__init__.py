@@ -9,8 +9,9 @@ Methods, all with the same ``eval.num_draft_tokens``: plain decoding (reference 
 speed), prompt lookup (the baseline to beat), the EAGLE-3 drafter, and the same drafter fed
 its aux states in the wrong order (a control that must collapse toward τ = 1).
 
-With ``eval.engine: vllm`` (or ``--engine vllm``) the export is also served by vLLM itself and
-its own counters stand beside eyas's figures, checked for agreement (:mod:`eyas.eval.vllm_engine`).
+With ``eval.engine: vllm`` (or ``--engine vllm``) the export is also served by vLLM itself, once
+eyas has released the target, and its own counters stand beside eyas's figures, checked for
+agreement (:mod:`eyas.eval.vllm_engine`).
 With ``eval.in_process: false`` as well, the target is never loaded here (it may not fit one
 device): vLLM runs plain decoding and the drafter, and its figures are the report.
 
@@ -25,6 +26,7 @@ run's own report.
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
 import time
@@ -132,7 +134,7 @@ def eval_paths(config: RunConfig, name: str | None) -> RunPaths:
 def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict:
     """Evaluate and return the report (also written to ``eval/report.json``, or
     ``eval/<name>/report.json`` for an evaluation with overrides, see :func:`with_overrides`)."""
-    from eyas.target import end_of_turn_id, load_model, load_tokenizer
+    from eyas.target import end_of_turn_id, load_tokenizer
 
     paths = eval_paths(config, name)
     cfg = config.eval
@@ -151,6 +153,27 @@ def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict
 
         report = run_in_vllm_only(config, drafter_dir, eval_prompts, stop_ids, paths.eval_dir)
         return _finish(report, paths, started, quiet, keep=None)
+    report, done, dtype, results_path = _eval_in_process(
+        config, started, drafter_dir, eval_prompts, stop_ids, paths, quiet
+    )
+    if cfg.engine == "vllm":
+        # The target and drafter went with _eval_in_process; vLLM's start-up wants their device memory
+        # back, which the caching allocator keeps until asked (and cycles keep until collected).
+        gc.collect()
+        torch.cuda.empty_cache()
+        _add_vllm(report, config, dtype, drafter_dir, eval_prompts, stop_ids, paths, done)
+    return _finish(report, paths, started, quiet, keep=results_path)
+
+
+def _eval_in_process(
+    config: RunConfig, started: StageRun, drafter_dir: Path, eval_prompts: list[EvalPrompt], stop_ids, paths, quiet
+) -> tuple[dict, dict, str, Path]:
+    """eyas's own eval with the target loaded here: the report, the per-prompt results, the
+    target's dtype and the results file. Everything it loads is released when it returns, so
+    vLLM can have the device next."""
+    from eyas.target import load_model
+
+    cfg = config.eval
     model = load_model(config.target)
     drafter = load_drafter(drafter_dir, model)
     sample_drafts = cfg.draft_sampling == "sample"
@@ -183,19 +206,20 @@ def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict
                 bar.update(task, advance=1, rate=tokens / max(time.monotonic() - started_at, 1e-9))
 
     report = _report(config, drafter_dir, eval_prompts, methods, done)
-    if cfg.engine == "vllm":
-        _add_vllm(report, config, model, drafter_dir, eval_prompts, stop_ids, paths, done)
-    return _finish(report, paths, started, quiet, keep=results_path)
+    return report, done, str(model.dtype).removeprefix("torch."), results_path
 
 
 def _finish(report: dict, paths: RunPaths, started: StageRun, quiet: bool, keep: Path | None) -> dict:
-    """Write the report, its plot and the marker; drop per-prompt results of other settings or
-    drafters (they describe nothing this report shows); print the table, log every failed check."""
+    """Write the report, its plot and the marker; drop cached results of other settings or
+    drafters, eyas's and vLLM's (they describe nothing this report shows); print the table, log
+    every failed check."""
     write_report(paths.eval_report, report)
     plot_acceptance(report, paths.eval_dir / "acceptance.png")
-    for stale in paths.eval_dir.glob("results-*.jsonl"):
-        if stale != keep:
-            stale.unlink()
+    used = {keep.name} if keep else set()
+    used |= {m["result_file"] for m in [report["plain"], *report["methods"].values()] if "result_file" in m}
+    for cached in [*paths.eval_dir.glob("results-*.jsonl"), *paths.eval_dir.glob("vllm-*.json")]:
+        if cached.name not in used:
+            cached.unlink()
     started.finish(paths.marker("eval"))
     if not quiet:
         console.print(table(report))
@@ -210,15 +234,18 @@ def _finish(report: dict, paths: RunPaths, started: StageRun, quiet: bool, keep:
 
 
 def _add_vllm(
-    report: dict, config: RunConfig, model, drafter_dir: Path, prompts: list[EvalPrompt], stop_ids, paths, done
+    report: dict, config: RunConfig, dtype: str, drafter_dir: Path, prompts: list[EvalPrompt], stop_ids, paths, done
 ) -> None:
-    """Serve the export in vLLM on the same prompts; its row and the agreement check join the report."""
+    """Serve the export in vLLM on the same prompts, the target in eyas's ``dtype``; its row and the
+    agreement check join the report."""
     from eyas.eval import vllm_engine
+    from eyas.target.settings import SpeculativeDecoding
     from eyas.target.vllm_engine import speculative_decode
 
     cfg = config.eval
-    dtype = str(model.dtype).removeprefix("torch.")
-    result = speculative_decode(config, drafter_dir, [p.input_ids for p in prompts], stop_ids, dtype, paths.eval_dir)
+    ids = [p.input_ids for p in prompts]
+    decoding = SpeculativeDecoding.from_config(cfg)
+    result = speculative_decode(config.target, decoding, drafter_dir, ids, stop_ids, dtype, paths.eval_dir)
     reference = {p.id: done[(PLAIN, p.id)].tokens for p in prompts} if cfg.temperature == 0 else None
     vllm = vllm_engine.summarize_vllm(result, [p.id for p in prompts], cfg.num_draft_tokens, reference)
     report["methods"][vllm_engine.METHOD] = vllm

@@ -39,6 +39,7 @@ def plain_vllm(result: dict, prompts: int) -> dict:
         "seconds": seconds,
         "tokens_per_s": tokens / seconds if seconds else 0.0,
         "engine": f"vllm {result['vllm_version']}",
+        "result_file": result["result_file"],
     }
 
 
@@ -57,7 +58,7 @@ def summarize_vllm(result: dict, prompt_ids: list[str], k: int, reference: dict[
         "load_seconds": result["load_seconds"],
     }
     if reference is not None:
-        mismatched = [pid for pid, out in zip(prompt_ids, result["outputs"]) if out != reference[pid]]
+        mismatched = [pid for pid, out in zip(prompt_ids, result["outputs"], strict=True) if out != reference[pid]]
         summary["lossless"] = {
             "checked": len(prompt_ids),
             "identical": len(prompt_ids) - len(mismatched),
@@ -113,15 +114,16 @@ def run_in_vllm_only(config: RunConfig, draft_dir: Path, prompts: list, stop_ids
     decoding in-process.
     """
     from eyas.target import dtype_name
+    from eyas.target.settings import SpeculativeDecoding
     from eyas.target.vllm_engine import speculative_decode
 
     cfg = config.eval
     ids, prompt_ids = [p.input_ids for p in prompts], [p.id for p in prompts]
-    dtype = dtype_name(config.target)
-    plain = speculative_decode(config, None, ids, stop_ids, dtype, out_dir)
-    drafted = speculative_decode(config, draft_dir, ids, stop_ids, dtype, out_dir)
+    dtype, decoding = dtype_name(config.target), SpeculativeDecoding.from_config(cfg)
+    plain = speculative_decode(config.target, decoding, None, ids, stop_ids, dtype, out_dir)
+    drafted = speculative_decode(config.target, decoding, draft_dir, ids, stop_ids, dtype, out_dir)
     baseline = plain_vllm(plain, len(prompts))
-    reference = dict(zip(prompt_ids, plain["outputs"])) if cfg.temperature == 0 else None
+    reference = dict(zip(prompt_ids, plain["outputs"], strict=True)) if cfg.temperature == 0 else None
     method = summarize_vllm(drafted, prompt_ids, cfg.num_draft_tokens, reference)
     method["speedup"] = method["tokens_per_s"] / baseline["tokens_per_s"] if baseline["tokens_per_s"] else None
     return report_frame(config, draft_dir, prompts, baseline, {METHOD: method})

@@ -30,6 +30,7 @@ from eyas.records import content_hash
 from eyas.stage import StageError, StageRun, begin, check, differences, digest, read_marker
 from eyas.target.capture import check_aux_layers, hf_hidden_state_indices
 from eyas.target.engines import Prefill, open_prefill
+from eyas.target.settings import PrefillCapture
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +188,10 @@ def _write_shards(
         )
     max_len = max(job.lengths[i] for s in todo for i in job.shards[s])
     device = _device(config, local_rank)
-    with open_prefill(config, engine, job.aux_layers, job.num_layers, max_len, paths.hidden_dir, device) as prefill:
+    capture = PrefillCapture.from_config(config.extract)
+    with open_prefill(
+        config.target, capture, engine, job.aux_layers, job.num_layers, max_len, paths.hidden_dir, device
+    ) as prefill:
         _write_with(
             config, paths, job, todo, prefill, f"extract (rank {rank}/{world})" if world > 1 else "extract", quiet
         )
@@ -229,7 +233,7 @@ def _extract_shard(config, paths, job: Job, prefill: Prefill, shard: int, advanc
     )
     for batch in plan.plan_batches(lengths, config.extract.batch_tokens):
         outputs = prefill.capture([rows[i]["input_ids"] for i in batch])
-        for i, (aux, final) in zip(batch, outputs):
+        for i, (aux, final) in zip(batch, outputs, strict=True):
             if not (torch.isfinite(aux).all() and torch.isfinite(final).all()):
                 raise StageError(
                     f"{paths.hidden_dir}: sample {rows[i]['id']} (train row {job.shards[shard].start + i}) has NaN/Inf "

@@ -23,6 +23,7 @@ import torch
 
 from eyas.files import atomic_path, write_json_atomic
 from eyas.paths import HIDDEN_INDEX
+from eyas.stage import StageError
 from eyas.tensorfile import save_tensors
 
 FORMAT = "eyas-hidden/1"
@@ -55,23 +56,29 @@ def dequantize(values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 class ShardBuffer:
-    """A shard assembled in preallocated tensors (no concatenation copy at the end)."""
+    """A shard assembled in preallocated tensors (no concatenation copy at the end).
+
+    Zero-filled, and counting the samples stored, so that a sample an engine never returned is
+    refused by :func:`write_shard` instead of being written as whatever the memory held.
+    """
 
     def __init__(self, ids: list[str], lengths: list[int], hidden: int, num_aux: int, dtype: str):
         self.ids, self.dtype, self.num_aux = ids, dtype, num_aux
+        self.puts = [0] * len(ids)
+        """How many times each sample was stored: exactly once when the shard is complete."""
         total = sum(lengths)
         self.offsets = torch.zeros(len(lengths) + 1, dtype=torch.int64)
         self.offsets[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
         storage = FP8 if dtype == "fp8" else torch.bfloat16
         self.tensors = {
-            "aux": torch.empty(total, num_aux * hidden, dtype=storage),
-            "final": torch.empty(total, hidden, dtype=torch.bfloat16),
-            "input_ids": torch.empty(total, dtype=torch.int32),
-            "loss_mask": torch.empty(total, dtype=torch.uint8),
+            "aux": torch.zeros(total, num_aux * hidden, dtype=storage),
+            "final": torch.zeros(total, hidden, dtype=torch.bfloat16),
+            "input_ids": torch.zeros(total, dtype=torch.int32),
+            "loss_mask": torch.zeros(total, dtype=torch.uint8),
             "offsets": self.offsets,
         }
         if dtype == "fp8":
-            self.tensors["aux_scale"] = torch.empty(total, num_aux, dtype=torch.float32)
+            self.tensors["aux_scale"] = torch.zeros(total, num_aux, dtype=torch.float32)
 
     @property
     def num_tokens(self) -> int:
@@ -87,6 +94,17 @@ class ShardBuffer:
             self.tensors["aux_scale"][lo:hi] = aux_scale.cpu()
         self.tensors["aux"][lo:hi] = aux.to(self.tensors["aux"].dtype).cpu()
         self.tensors["final"][lo:hi] = final.to(self.tensors["final"].dtype).cpu()
+        self.puts[i] += 1
+
+    def incomplete(self) -> str | None:
+        """What keeps the shard from being written (samples never stored, or stored twice), or None."""
+        problems = []
+        for what, wrong in (("never stored", lambda n: n == 0), ("stored more than once", lambda n: n > 1)):
+            ids = [self.ids[i] for i, n in enumerate(self.puts) if wrong(n)]
+            if ids:
+                listed = ", ".join(ids[:10]) + (", ..." if len(ids) > 10 else "")
+                problems.append(f"{len(ids)} {what}: {listed}")
+        return "; ".join(problems) or None
 
 
 def file_sha256(path: Path) -> str:
@@ -97,9 +115,13 @@ def file_sha256(path: Path) -> str:
 def write_shard(directory: Path, shard: int, buffer: ShardBuffer, info: dict, started: float) -> dict:
     """Write the shard atomically, then its sidecar; returns the sidecar's content.
 
-    ``seconds`` in the sidecar runs from ``started`` (``time.monotonic()``) to the shard being
-    on disk, so the throughput it implies includes writing and checksumming."""
+    Refuses a shard whose every sample was not stored exactly once: its sidecar would mark it
+    done. ``seconds`` in the sidecar runs from ``started`` (``time.monotonic()``) to the shard
+    being on disk, so the throughput it implies includes writing and checksumming."""
     final_path = shard_path(directory, shard)
+    problem = buffer.incomplete()
+    if problem:
+        raise StageError(f"{final_path}: not written, since not every sample was stored exactly once ({problem})")
     with atomic_path(final_path) as tmp:
         # One metadata key: safetensors writes several in hash order, and a redone shard should be byte-identical.
         save_tensors(buffer.tensors, tmp, metadata={"eyas": json.dumps({"format": FORMAT, "ids": buffer.ids})})

@@ -147,9 +147,12 @@ def _run_in_house(config: RunConfig, paths: RunPaths, quiet: bool) -> None:
     """The local and vLLM backends: length-sorted batches of the target's own sampled ids."""
     from eyas.target import load_tokenizer
     from eyas.target.engines import open_generator
+    from eyas.target.settings import Sampling
 
     engine = "vllm" if config.generate.backend == "vllm" else "transformers"
-    with open_generator(config, engine, load_tokenizer(config.target), paths.generate_dir / "vllm.log") as generator:
+    sampling = Sampling.from_config(config.generate)
+    log_path = paths.generate_dir / "vllm.log"
+    with open_generator(config.target, sampling, engine, load_tokenizer(config.target), log_path) as generator:
         _generate_datasets(config, paths, quiet, generator)
 
 

@@ -13,7 +13,7 @@ import logging
 import time
 from pathlib import Path
 
-from eyas.config import ConfigError, GenerateConfig, RunConfig
+from eyas.config import ConfigError, RunConfig
 from eyas.console import progress
 from eyas.jsonl import DurableAppender, read_jsonl, recover
 from eyas.records import content_hash
@@ -75,6 +75,7 @@ def synthesize(
     """
     from eyas.target import end_of_turn_id, load_model, load_tokenizer
     from eyas.target.generation import LocalGenerator
+    from eyas.target.settings import Sampling
 
     recover(out)
     seen = {_normalise(r["messages"][0]["content"]) for _, r in read_jsonl(out)} if out.exists() else set()
@@ -83,7 +84,7 @@ def synthesize(
         return len(seen)
     tokenizer = load_tokenizer(config.target)
     model = load_model(config.target)
-    settings = GenerateConfig(
+    settings = Sampling(
         temperature=1.0, top_p=0.95, max_tokens=max_tokens, batch_size=batch_size, seed=config.generate.seed
     )
     generator = LocalGenerator(model, tokenizer, end_of_turn_id(tokenizer), settings)

@@ -12,8 +12,9 @@ in its serve commands).
 
 The package holds everything that runs the target, for every stage: :mod:`.capture` (the
 aux-layer hooks and their numbering), :mod:`.generation` (batched sampling),
-:mod:`.engines` (the one seam where transformers or vLLM is chosen), :mod:`.vllm_engine`
-and :mod:`.vllm` (vLLM in its own environment, as child processes).
+:mod:`.engines` (the one seam where transformers or vLLM is chosen), :mod:`.settings`
+(what the engines take from a stage), :mod:`.vllm_engine` and :mod:`.vllm` (vLLM in its own
+environment, as child processes).
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ DIGIT_SPLITTING_PRE_TOKENIZERS = {"smollm"}
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("EYAS_CACHE", Path.home() / ".cache" / "eyas")).expanduser()
+    """``$EYAS_CACHE`` (default ``~/.cache/eyas``), absolute: a relative one is taken against the
+    current directory now, not against wherever a child process later starts."""
+    return Path(os.environ.get("EYAS_CACHE", Path.home() / ".cache" / "eyas")).expanduser().absolute()
 
 
 def embedded_gguf() -> Path:

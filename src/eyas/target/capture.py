@@ -167,7 +167,7 @@ def forward(
         ids = torch.tensor([t for s in samples for t in s], device=device)[None]
         positions = torch.cat([torch.arange(n, device=device) for n in lengths])[None]
         got = capture(model, ids, None, aux_layers, positions)
-        return list(zip(got.aux[0].split(lengths), got.final[0].split(lengths)))
+        return list(zip(got.aux[0].split(lengths), got.final[0].split(lengths), strict=True))
     ids = torch.zeros(len(samples), max(lengths), dtype=torch.long)
     for row, s in enumerate(samples):
         ids[row, : len(s)] = torch.tensor(s)

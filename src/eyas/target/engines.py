@@ -1,8 +1,9 @@
 """One seam for the engines that run the target: transformers in-process, or vLLM.
 
-Stages name the engine their config chose and get the same interface from either:
-:func:`open_generator` samples answers (``generate``, prompt synthesis) and
-:func:`open_prefill` captures the aux and final states of whole samples (``extract``).
+Stages name the engine their config chose, pass the target's section and their own
+settings (:mod:`eyas.target.settings`), and get the same interface from either:
+:func:`open_generator` samples answers (``generate``) and :func:`open_prefill` captures the
+aux and final states of whole samples (``extract``).
 Speculative decoding in vLLM is :func:`eyas.target.vllm_engine.speculative_decode`; eyas's
 own runs on the transformers model (:mod:`eyas.eval.decode`). Only this module maps engine
 names to classes, so another engine is added here and the stages do not change.
@@ -17,9 +18,10 @@ from typing import Protocol
 
 import torch
 
-from eyas.config import RunConfig
+from eyas.config import TargetConfig
 from eyas.target.capture import forward, use_packing
 from eyas.target.generation import BatchGenerator, LocalGenerator
+from eyas.target.settings import PrefillCapture, Sampling
 
 
 class Prefill(Protocol):
@@ -40,7 +42,8 @@ class TransformersPrefill:
 
 @contextlib.contextmanager
 def open_prefill(
-    config: RunConfig,
+    target: TargetConfig,
+    capture: PrefillCapture,
     engine: str,
     aux_layers: list[int],
     num_layers: int,
@@ -53,25 +56,27 @@ def open_prefill(
         from eyas.target.vllm_engine import VllmPrefill
 
         with VllmPrefill(
-            config, aux_layers, num_layers, max_len, work_dir / "vllm-staging", work_dir / "vllm.log"
+            target, capture, aux_layers, num_layers, max_len, work_dir / "vllm-staging", work_dir / "vllm.log"
         ) as prefill:
             yield prefill
     else:
         from eyas.target import load_model
 
-        yield TransformersPrefill(load_model(config.target, device), aux_layers, config.extract.packing)
+        yield TransformersPrefill(load_model(target, device), aux_layers, capture.packing)
 
 
 @contextlib.contextmanager
-def open_generator(config: RunConfig, engine: str, tokenizer, log_path: Path) -> Iterator[BatchGenerator]:
-    """The target ready to sample answers under ``config.generate``'s settings."""
+def open_generator(
+    target: TargetConfig, sampling: Sampling, engine: str, tokenizer, log_path: Path
+) -> Iterator[BatchGenerator]:
+    """The target ready to sample answers with ``sampling``."""
     from eyas.target import end_of_turn_id, load_model
 
     end = end_of_turn_id(tokenizer)
     if engine == "vllm":
         from eyas.target.vllm_engine import VllmGenerator
 
-        with VllmGenerator(config, tokenizer, end, {end}, log_path) as generator:
+        with VllmGenerator(target, sampling, tokenizer, end, {end}, log_path) as generator:
             yield generator
     else:
-        yield LocalGenerator(load_model(config.target), tokenizer, end, config.generate)
+        yield LocalGenerator(load_model(target), tokenizer, end, sampling)

@@ -15,8 +15,8 @@ from typing import Protocol
 
 import torch
 
-from eyas.config import GenerateConfig
 from eyas.records import Usage
+from eyas.target.settings import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class Completion:
 class ChatCodec:
     """The tokenizer side every in-house generator shares: prompts to ids, ids to completions."""
 
-    def __init__(self, tokenizer, end_of_turn: int, settings: GenerateConfig):
+    def __init__(self, tokenizer, end_of_turn: int, settings: Sampling):
         self.tokenizer = tokenizer
         self.end_of_turn = end_of_turn
         self.settings = settings
@@ -58,7 +58,7 @@ class ChatCodec:
 class LocalGenerator(ChatCodec):
     """Batched generation with a loaded model and tokenizer."""
 
-    def __init__(self, model, tokenizer, end_of_turn: int, settings: GenerateConfig):
+    def __init__(self, model, tokenizer, end_of_turn: int, settings: Sampling):
         super().__init__(tokenizer, end_of_turn, settings)
         self.model = model
         self.device = next(model.parameters()).device
@@ -88,12 +88,13 @@ class LocalGenerator(ChatCodec):
             max_new_tokens=max_tokens or s.max_tokens,
             eos_token_id=self.end_of_turn,
             pad_token_id=pad,
-            stop_strings=s.stop or None,
+            stop_strings=list(s.stop) or None,
             tokenizer=self.tokenizer if s.stop else None,
             **sampling,
         )
         return [
-            self._completion(row[width:].tolist(), len(p), max_tokens or s.max_tokens) for row, p in zip(out, prompts)
+            self._completion(row[width:].tolist(), len(p), max_tokens or s.max_tokens)
+            for row, p in zip(out, prompts, strict=True)
         ]
 
 
@@ -116,7 +117,7 @@ class Job:
 class BatchGenerator(Protocol):
     """What :func:`run_jobs` drives: the transformers generator here, or the vLLM one."""
 
-    settings: GenerateConfig
+    settings: Sampling
 
     def generate_batch(
         self, prompts: Sequence[list[int]], seed: int, max_tokens: int | None = None
@@ -140,7 +141,8 @@ def run_jobs(
         batch = ordered[start : start + size]
         # The seed depends on the batch's content, not its position, so a resumed run samples alike.
         batch_seed = seed + sum(hash(tuple(j.prompt_ids)) & 0xFFFF for j in batch)
-        for job, completion in zip(batch, generator.generate_batch([j.prompt_ids for j in batch], batch_seed)):
+        completions = generator.generate_batch([j.prompt_ids for j in batch], batch_seed)
+        for job, completion in zip(batch, completions, strict=True):
             on_done(job, completion)
 
 

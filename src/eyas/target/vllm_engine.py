@@ -4,6 +4,10 @@ For targets larger than one device (tensor, expert and pipeline parallelism are 
 for throughput: vLLM batches continuously. vLLM runs in a child process in its own
 environment (:mod:`eyas.target.vllm`), started once per stage run; these classes give the
 stages the same interfaces as the transformers engine (:mod:`eyas.target.engines`).
+
+Each child is told what share of the GPU's memory it may take, measured as it starts
+(:func:`gpu_memory_utilization`): vLLM sets aside a fixed share of the whole device (0.9) and
+refuses to start when less is free, as when eyas's own eval has just used the device.
 """
 
 from __future__ import annotations
@@ -19,13 +23,44 @@ from pathlib import Path
 
 import torch
 
-from eyas.config import RunConfig
+from eyas.config import TargetConfig
 from eyas.records import content_hash
+from eyas.stage import file_digest
 from eyas.target.capture import hf_hidden_state_indices
 from eyas.target.generation import ChatCodec, Completion
-from eyas.target.vllm import CHILD_PROCESS, VllmChild, VllmError, child_script, log_tail, stop_group, vllm_python
+from eyas.target.settings import PrefillCapture, Sampling, ServedTarget, SpeculativeDecoding
+from eyas.target.vllm import VllmChild, VllmError, child_script, exited, start_child, stop_group, timed_out
 
 log = logging.getLogger(__name__)
+
+VLLM_DEFAULT_SHARE = 0.9
+"""vLLM's own ``gpu_memory_utilization``: what it takes of a free device."""
+HEADROOM_BYTES = 2 << 30
+"""Kept free beyond what vLLM may take: the child's own CUDA context (made after eyas measured)
+and allocator slack, which vLLM's start-up check counts as used."""
+
+
+def gpu_memory_utilization(free_bytes: int, total_bytes: int) -> float:
+    """The share of the device's memory vLLM may take when ``free_bytes`` of ``total_bytes`` are
+    free: vLLM's default on a free device, else what is free less ``HEADROOM_BYTES``."""
+    share = min(VLLM_DEFAULT_SHARE, (free_bytes - HEADROOM_BYTES) / total_bytes)
+    if share <= 0:
+        raise VllmError(
+            f"only {free_bytes / 2**30:.1f} of the GPU's {total_bytes / 2**30:.1f} GiB are free; "
+            "vLLM cannot start there (another process holds the rest)"
+        )
+    return share
+
+
+def device_memory() -> tuple[int, int] | None:
+    """Free and total bytes of the current CUDA device; None without CUDA."""
+    return torch.cuda.mem_get_info() if torch.cuda.is_available() else None
+
+
+def _memory_settings() -> dict:
+    """``gpu_memory_utilization`` for a child starting now (nothing on the CPU: vLLM's own sizing)."""
+    memory = device_memory()
+    return {"gpu_memory_utilization": gpu_memory_utilization(*memory)} if memory else {}
 
 
 class VllmGenerator(ChatCodec):
@@ -35,19 +70,22 @@ class VllmGenerator(ChatCodec):
     A context manager that stops the child.
     """
 
-    def __init__(self, config: RunConfig, tokenizer, end_of_turn: int, stop_ids: set[int], log_path: Path):
-        super().__init__(tokenizer, end_of_turn, config.generate)
-        g = config.generate
+    def __init__(
+        self, target: TargetConfig, sampling: Sampling, tokenizer, end_of_turn: int, stop_ids: set[int], log_path: Path
+    ):
+        super().__init__(tokenizer, end_of_turn, sampling)
+        served = ServedTarget.of(target)
         settings = {
-            **_served_target(config),
-            "tensor_parallel_size": g.tensor_parallel_size,
-            "seed": g.seed,
-            "temperature": g.temperature,
-            "top_p": g.top_p,
-            "stop": g.stop,
+            **served.load_settings(),
+            **_memory_settings(),
+            "tensor_parallel_size": sampling.tensor_parallel_size,
+            "seed": sampling.seed,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "stop": list(sampling.stop),
             "stop_token_ids": sorted(stop_ids),
         }
-        self._child = VllmChild("generate", vllm_python(config.target.vllm_python), settings, log_path)
+        self._child = VllmChild("generate", served.python, settings, log_path, served.timeout_s)
 
     def generate_batch(
         self, prompts: Sequence[list[int]], seed: int, max_tokens: int | None = None
@@ -58,8 +96,8 @@ class VllmGenerator(ChatCodec):
             "seeds": [seed + i for i in range(len(prompts))],
             "max_tokens": limit,
         }
-        outputs = self._child.ask(request)["outputs"]
-        return [self._completion(ids, len(p), limit) for ids, p in zip(outputs, prompts)]
+        outputs = self._child.results(request, "outputs", len(prompts))
+        return [self._completion(ids, len(p), limit) for ids, p in zip(outputs, prompts, strict=True)]
 
     def close(self) -> None:
         self._child.close()
@@ -76,40 +114,54 @@ class VllmPrefill:
 
     ``extract_child.py`` returns one file per sample holding vLLM's states at the aux layers'
     outputs and the last layer's output before the final norm; this reads and deletes each,
-    checks its token ids, and applies the target's own final norm. A context manager.
+    checks its token ids, and applies the target's own final norm. A context manager; its
+    staging folder is removed on close, and when the child fails to start.
     """
 
     def __init__(
-        self, config: RunConfig, aux_layers: list[int], num_layers: int, max_len: int, staging_dir: Path, log_path: Path
+        self,
+        target: TargetConfig,
+        capture: PrefillCapture,
+        aux_layers: list[int],
+        num_layers: int,
+        max_len: int,
+        staging_dir: Path,
+        log_path: Path,
     ):
         from eyas.target import load_final_norm
 
-        x, served = config.extract, _served_target(config)
+        served = ServedTarget.of(target)
         # The norm runs in the dtype vLLM hands the states out in.
-        self._norm = load_final_norm(config.target, getattr(torch, served["dtype"]))
+        self._norm = load_final_norm(target, getattr(torch, served.dtype))
         # Files left by a killed run belong to samples that are captured again. Each run stages
         # in a folder of its own: vLLM names files by request id, which restarts with every engine.
         for stale in staging_dir.parent.glob(staging_dir.name + "-*"):
             shutil.rmtree(stale, ignore_errors=True)
         self._staging_dir = Path(tempfile.mkdtemp(prefix=staging_dir.name + "-", dir=staging_dir.parent))
         settings = {
-            **served,
-            "tensor_parallel_size": x.tensor_parallel_size,
-            "pipeline_parallel_size": x.pipeline_parallel_size,
-            "expert_parallel": x.expert_parallel,
+            **served.load_settings(),
+            **_memory_settings(),
+            "tensor_parallel_size": capture.tensor_parallel_size,
+            "pipeline_parallel_size": capture.pipeline_parallel_size,
+            "expert_parallel": capture.expert_parallel,
             # One sampled token (discarded) follows each prompt.
             "max_model_len": max_len + 1,
             # vLLM's ids number the inputs of layers, as HF's hidden_states do; L is the last output.
             "layer_ids": hf_hidden_state_indices(aux_layers) + [num_layers],
             "staging_dir": str(self._staging_dir.resolve()),
         }
-        self._child = VllmChild("extract", vllm_python(config.target.vllm_python), settings, log_path)
+        try:
+            self._child = VllmChild("extract", served.python, settings, log_path, served.timeout_s)
+        except BaseException:
+            shutil.rmtree(self._staging_dir, ignore_errors=True)
+            raise
 
     def capture(self, samples: list[list[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         from safetensors.torch import load_file
 
         captured = []
-        for ids, path in zip(samples, self._child.ask({"samples": samples})["paths"]):
+        paths = self._child.results({"samples": samples}, "paths", len(samples))
+        for ids, path in zip(samples, paths, strict=True):
             tensors = load_file(path)
             os.unlink(path)
             Path(path + ".lock").unlink(missing_ok=True)
@@ -131,75 +183,75 @@ class VllmPrefill:
 
 
 def speculative_decode(
-    config: RunConfig, draft_dir: Path | None, prompts: list[list[int]], stop_ids: set[int], dtype: str, out_dir: Path
+    target: TargetConfig,
+    decoding: SpeculativeDecoding,
+    draft_dir: Path | None,
+    prompts: list[list[int]],
+    stop_ids: set[int],
+    dtype: str,
+    out_dir: Path,
 ) -> dict:
     """vLLM's outputs and its own spec-decode counters for ``prompts``, with ``draft_dir`` as EAGLE-3
-    drafter (None: plain decoding, no counters).
+    drafter (None: plain decoding, no counters), the target in ``dtype``.
 
-    Runs ``eval_child.py`` once under ``config.eval``'s settings. The result is cached in
-    ``out_dir/vllm-<request hash>.json``: a rerun with the same export, prompts and settings
-    does not start vLLM again.
+    Runs ``eval_child.py`` once, in ``out_dir``, stopped after ``target.vllm_timeout_s``. The
+    result is cached in ``out_dir/vllm-<request hash>.json``: a rerun with the same export,
+    prompts and settings does not start vLLM again. ``result_file`` in the result names that
+    file, so the report that uses it can keep it and drop the others.
     """
-    cfg = config.eval
+    served = ServedTarget.of(target, dtype)
     request = {
-        **_served_target(config),
+        **served.load_settings(),
         "draft": str(draft_dir.resolve()) if draft_dir else None,
-        "draft_files": [
-            [p.name, p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(draft_dir.iterdir()) if p.is_file()
-        ]
+        # The drafter by content: a retrained one at the same path never reuses a cached result.
+        "draft_files": [[p.name, file_digest(p)] for p in sorted(draft_dir.iterdir()) if p.is_file()]
         if draft_dir
         else [],
-        # eyas's own eval ran the target in this dtype; vLLM must too for the outputs to match.
-        "dtype": dtype,
-        "seed": cfg.seed,
+        "seed": decoding.seed,
         # CUDA graphs are captured for batch sizes a short eval never uses; eager is faster to start.
         "enforce_eager": True,
-        "tensor_parallel_size": cfg.tensor_parallel_size,
-        "num_speculative_tokens": cfg.num_draft_tokens,
-        "temperature": cfg.temperature,
-        "max_tokens": cfg.max_new_tokens,
+        "tensor_parallel_size": decoding.tensor_parallel_size,
+        "num_speculative_tokens": decoding.num_draft_tokens,
+        "temperature": decoding.temperature,
+        "max_tokens": decoding.max_new_tokens,
         "stop_token_ids": sorted(stop_ids),
         "prompts": prompts,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     result_path = out_dir / f"vllm-{content_hash(request)}.json"
-    if result_path.is_file():
-        return json.loads(result_path.read_text())
+    if not result_path.is_file():
+        # The memory share is measured now and left out of the hash: it changes nothing vLLM outputs.
+        _run_eval_child(served, {**request, **_memory_settings()}, result_path, draft_dir)
+    result = json.loads(result_path.read_text())
+    if len(result["outputs"]) != len(prompts):
+        raise VllmError(
+            f"vLLM (eval) returned {len(result['outputs'])} outputs for {len(prompts)} prompts in {result_path}"
+        )
+    return {**result, "result_file": result_path.name}
+
+
+def _run_eval_child(served: ServedTarget, request: dict, result_path: Path, draft_dir: Path | None) -> None:
+    """Run ``eval_child.py`` until it has written ``result_path``; nothing else stays behind."""
+    out_dir = result_path.parent
     request_path = result_path.with_suffix(".request.json")
     request_path.write_text(json.dumps(request))
     log_path = out_dir / "vllm.log"
-    python = vllm_python(config.target.vllm_python)
     what = draft_dir or "plain decoding (no drafter)"
-    log.info("eval: running %s in vLLM (%s); its log is %s", what, python, log_path)
-    with log_path.open("w") as log_file:
-        process = subprocess.Popen(
-            [python, child_script("eval"), str(request_path), str(result_path)],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            cwd=out_dir,
-            **CHILD_PROCESS,
-        )
-        try:
-            returncode = process.wait()
-        except BaseException:
-            stop_group(process)
-            raise
-    request_path.unlink(missing_ok=True)
+    log.info("eval: running %s in vLLM (%s); its log is %s", what, served.python, log_path)
+    try:
+        with log_path.open("w") as log_file:
+            process = start_child(
+                [served.python, child_script("eval"), str(request_path), str(result_path)], log_file, cwd=out_dir
+            )
+            try:
+                returncode = process.wait(timeout=served.timeout_s)
+            except subprocess.TimeoutExpired:
+                raise timed_out("eval", served.timeout_s, log_path) from None
+            finally:
+                # However the child ended, nothing vLLM started under it outlives it.
+                stop_group(process)
+    finally:
+        request_path.unlink(missing_ok=True)
+        result_path.with_name(result_path.name + ".tmp").unlink(missing_ok=True)
     if returncode != 0 or not result_path.is_file():
-        raise VllmError(
-            f"vLLM exited with {returncode} running {what}; last lines of {log_path}:\n{log_tail(log_path)}"
-        )
-    return json.loads(result_path.read_text())
-
-
-def _served_target(config: RunConfig) -> dict:
-    """The settings every vLLM child loads the target with."""
-    from eyas.target import dtype_name, resolve_target
-
-    source = resolve_target(config.target)
-    return {
-        "target": source.name_or_path,
-        "revision": source.revision,
-        "trust_remote_code": config.target.trust_remote_code,
-        "dtype": dtype_name(config.target),
-    }
+        raise exited(f"eval, {what}", returncode, log_path)

@@ -14,15 +14,19 @@ import contextlib
 import importlib.util
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from eyas.config import ConfigError
 
 ENV_PYTHON = "EYAS_VLLM_PYTHON"
+PARENT_ENV = "EYAS_PARENT_PID"
+"""eyas's pid, handed to each child so it can tell whether eyas died before it asked to die with it (``eyas_child.py``)."""
 SCRIPTS = Path(__file__).resolve().parent
 CHECKOUT_VENV = Path(__file__).resolve().parents[4] / ".venv-vllm" / "bin" / "python"
 """Where ``make vllm`` puts vLLM's own environment when eyas runs from a checkout."""
@@ -33,13 +37,20 @@ class VllmError(RuntimeError):
 
 
 def vllm_python(configured: str | None) -> str:
-    """The interpreter to run vLLM in: ``target.vllm_python``, ``$EYAS_VLLM_PYTHON``, this one
-    when it imports vllm, or the checkout's ``.venv-vllm``."""
+    """The absolute path of the interpreter to run vLLM in: ``target.vllm_python`` (made absolute
+    against the config file by ``load_config``), ``$EYAS_VLLM_PYTHON`` (against the current
+    directory), this one when it imports vllm, or the checkout's ``.venv-vllm``.
+
+    Absolute because a child may start in another directory (``speculative_decode`` runs in
+    its output folder); not resolved, because a virtual environment's python is a symlink
+    whose own path is what selects the environment.
+    """
     for candidate, source in ((configured, "target.vllm_python"), (os.environ.get(ENV_PYTHON), ENV_PYTHON)):
         if candidate:
-            if not Path(candidate).expanduser().is_file():
+            path = os.path.abspath(Path(candidate).expanduser())
+            if not os.path.isfile(path):
                 raise ConfigError(f"{source}: {candidate} does not exist")
-            return str(Path(candidate).expanduser())
+            return path
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
     if CHECKOUT_VENV.is_file():
@@ -59,22 +70,31 @@ def log_tail(path: Path, lines: int = 15) -> str:
     return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:]) if path.is_file() else ""
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to send the child SIGTERM when eyas dies (even by SIGKILL).
+def exited(name: str, returncode: int | None, log_path: Path) -> VllmError:
+    return VllmError(f"vLLM ({name}) exited with {returncode}; last lines of {log_path}:\n{log_tail(log_path)}")
+
+
+def timed_out(name: str, seconds: float, log_path: Path) -> VllmError:
+    return VllmError(
+        f"vLLM ({name}) gave no answer within target.vllm_timeout_s = {seconds:g} s and was stopped (raise the key "
+        f"if loading the target takes longer); last lines of {log_path}:\n{log_tail(log_path)}"
+    )
+
+
+def start_child(argv: list[str], log_file, **popen_args) -> subprocess.Popen:
+    """Start a vLLM child logging to ``log_file``, leading a process group of its own.
 
     vLLM's engine and worker processes outlive a killed parent and keep its memory (GPUs, on
-    a GPU box), so the child leads a process group of its own and, on SIGTERM, kills the whole
-    group (``eyas_child.py``).
+    a GPU box), so the child asks Linux to send it SIGTERM when eyas dies (even by SIGKILL)
+    and then kills its whole group (``eyas_child.py``). It asks itself, at start-up: a
+    ``preexec_fn`` would run between fork and exec, which is unsafe in a threaded parent.
     """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-CHILD_PROCESS = {"start_new_session": True, "preexec_fn": _die_with_parent}
-"""How every vLLM child is started: leading its own process group, stopped with eyas."""
+    # The engine's own worker processes import the connector from this folder by module name.
+    pythonpath = os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=pythonpath, **{PARENT_ENV: str(os.getpid())})
+    return subprocess.Popen(
+        argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True, **popen_args
+    )
 
 
 def stop_group(process: subprocess.Popen) -> None:
@@ -89,58 +109,90 @@ class VllmChild:
 
     Answers do not share stdout because vLLM logs there (to ``log_path``). The engine starts
     once: the constructor returns when the child says it is ready, so its start-up is not
-    counted against the first request. A context manager that stops the child on exit.
+    counted against the first request. Every answer, that first line included, is awaited at
+    most ``timeout_s``; a child that dies or hangs is stopped with its whole group and raises
+    :class:`VllmError` with its log's last lines, leaving no file of its own behind. A context
+    manager that stops the child on exit.
     """
 
-    def __init__(self, name: str, python: str, settings: dict, log_path: Path):
-        self.log_path = log_path
+    def __init__(self, name: str, python: str, settings: dict, log_path: Path, timeout_s: float):
+        self.name, self.log_path, self.timeout_s = name, log_path, timeout_s
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(settings, f)
         self._settings_path = f.name
-        # The engine's own worker processes import the connector from this folder by module name.
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")])))
-        read_fd, write_fd = os.pipe()
-        with log_path.open("a") as log_file:
-            self._process = subprocess.Popen(
-                [python, child_script(name), self._settings_path, str(write_fd)],
-                stdin=subprocess.PIPE,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                pass_fds=(write_fd,),
-                text=True,
-                env=env,
-                **CHILD_PROCESS,
-            )
-        os.close(write_fd)
-        self._answers = os.fdopen(read_fd)
-        self._answer()  # the child's first line: its engine has started
+        self._answers, write_fd = os.pipe()
+        self._pending = b""
+        try:
+            with log_path.open("a") as log_file:
+                self._process = start_child(
+                    [python, child_script(name), self._settings_path, str(write_fd)],
+                    log_file,
+                    stdin=subprocess.PIPE,
+                    pass_fds=(write_fd,),
+                    text=True,
+                )
+        except BaseException:
+            os.close(self._answers)
+            os.unlink(self._settings_path)
+            raise
+        finally:
+            os.close(write_fd)
+        try:
+            self._answer()  # the child's first line: its engine has started
+        except BaseException:
+            self.close()
+            raise
 
     def ask(self, request: dict) -> dict:
         try:
             self._process.stdin.write(json.dumps(request) + "\n")
             self._process.stdin.flush()
         except BrokenPipeError:
-            pass
+            pass  # the child died: reading its answer says so, with its log
         return self._answer()
 
+    def results(self, request: dict, key: str, sent: int) -> list:
+        """The answer's list under ``key``, which must hold one result per item sent."""
+        results = self.ask(request)[key]
+        if len(results) != sent:
+            raise VllmError(f"vLLM ({self.name}) returned {len(results)} results for {sent} sent; see {self.log_path}")
+        return results
+
     def _answer(self) -> dict:
-        line = self._answers.readline()
-        if not line:
-            self._process.wait()
-            raise VllmError(
-                f"vLLM exited with {self._process.returncode}; last lines of {self.log_path}:\n{log_tail(self.log_path)}"
-            )
+        """The child's next line, read as it arrives, waiting at most ``timeout_s`` in all.
+
+        The wait is sliced to notice a dead child within a second: vLLM's engine, forked from
+        it, may live on holding the pipe open, so its end does not always show as end-of-file.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        poller = select.poll()
+        poller.register(self._answers, select.POLLIN)
+        while b"\n" not in self._pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                stop_group(self._process)
+                raise timed_out(self.name, self.timeout_s, self.log_path)
+            if not poller.poll(min(left, 1.0) * 1000):
+                if self._process.poll() is not None and not poller.poll(0):
+                    raise exited(self.name, self._process.returncode, self.log_path)
+                continue
+            chunk = os.read(self._answers, 1 << 16)
+            if not chunk:
+                self._process.wait()
+                raise exited(self.name, self._process.returncode, self.log_path)
+            self._pending += chunk
+        line, _, self._pending = self._pending.partition(b"\n")
         return json.loads(line)
 
     def close(self) -> None:
-        if self._process.poll() is None:
+        """Let the child finish (its stdin closed), kill what is left of its group, remove its settings file."""
+        with contextlib.suppress(BrokenPipeError):
             self._process.stdin.close()
-            try:
-                self._process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                stop_group(self._process)
-        self._answers.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._process.wait(timeout=120)
+        stop_group(self._process)
+        os.close(self._answers)
         os.unlink(self._settings_path)
 
     def __enter__(self):

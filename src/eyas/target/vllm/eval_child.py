@@ -6,7 +6,8 @@ usually lives in an environment of its own (``make vllm`` builds ``.venv-vllm``)
 starts this file there as a child process (:mod:`eyas.eval.vllm_engine`).
 
 The request names the target directory, the drafter directory (null: plain decoding), the
-prompts as token ids and the sampling settings; the result holds each prompt's generated ids and vLLM's own
+prompts as token ids, the sampling settings and, on a GPU, the share of its memory vLLM may
+take; the result holds each prompt's generated ids and vLLM's own
 speculative-decoding counters (``vllm:spec_decode_num_drafts``, ``..._num_accepted_tokens``,
 ``..._num_accepted_tokens_per_pos``), read from ``LLM.get_metrics()``: the numbers a server
 shows on ``/metrics``, not a recount of ours.
