@@ -123,8 +123,8 @@ def test_full_run_then_skip_then_refuse_stale(config_path, finished):
     other = config.model_copy(
         update={"target": config.target.model_copy(update={"tokenizer": resolve_target(config.target).name_or_path})}
     )
-    assert pipeline.statuses(other)["tokenize"].status == "stale"
-    assert pipeline.statuses(other)["train"].changes == ["tokenize before it is stale"]
+    states = pipeline.statuses(other)
+    assert states["tokenize"].status == "stale" and states["merge"].changes == ["tokenize before it is stale"]
 
 
 @pytest.mark.slow
@@ -146,10 +146,11 @@ def test_a_new_prompt_row_retrains_the_drafter(config_path, finished, tmp_path):
 
 @pytest.mark.slow
 def test_a_longer_run_continues_from_the_last_checkpoint(config_path, finished, tmp_path):
-    """Raising train.max_steps after a finished run was reported up to date."""
-    copy = copy_of(config_path, tmp_path, lambda c: c["train"].update(max_steps=3))
+    """Raising train.max_steps or train.epochs after a finished run was reported up to date."""
+    copy = copy_of(config_path, tmp_path, lambda c: c["train"].update(max_steps=3, epochs=2.0))
     config = load_config(copy)
-    assert pipeline.statuses(config)["train"].extendable
+    state = pipeline.statuses(config)["train"]
+    assert state.extendable and state.changes == ["train.epochs: 1.0 → 2.0", "train.max_steps: 2 → 3"]
     results = pipeline.run(config, quiet=True, last="train")
     assert results["train"]["result"]["step"] == 3
     marker = read_marker(RunPaths.of(config).marker("train"))
@@ -196,7 +197,7 @@ def test_a_standalone_stage_writes_its_marker_and_refuses_stale_work(config_path
 
     status = subprocess.run([*eyas, "status", str(copy)], env=env, capture_output=True, text=True)
     assert status.returncode == 0
-    lines = {line.split("│")[1].strip(): line for line in status.stdout.splitlines() if line.count("│") >= 4}
+    lines = {line.split("│")[1].strip(): line for line in status.stderr.splitlines() if line.count("│") >= 4}
     assert "stale" in lines["train"] and "train.lr: 0.0001 → 0.002" in lines["train"] and "redo" in lines["train"]
     assert "current" in lines["merge"] and "stale" in lines["export"] and "train before it is stale" in lines["eval"]
 

@@ -25,7 +25,7 @@ from eyas.generate.store import (
 )
 from eyas.paths import RunPaths
 from eyas.prompts import iter_prompts
-from eyas.prompts.sources import source_digest
+from eyas.prompts.sources import source_identity
 from eyas.records import PromptRecord
 from eyas.stage import StageContract, StageError, begin, file_digest, flat
 
@@ -64,8 +64,9 @@ def setting_key(config: RunConfig, name: str) -> str:
     return f"generate.http.{name}" if name in ("reasoning", "extra_body") else f"generate.{name}"
 
 
-PROMPT_KEYS = {"source", "split", "subset", "format", "multi_turn", "max_prompts", "output_token_target"}
-"""What decides which prompts are answered. A dataset's merge keys (weight, budget, drop) stay
+PROMPT_KEYS = {"format", "multi_turn", "max_prompts", "output_token_target"}
+"""What decides which prompts are answered, besides the source's rows (:func:`source_identity`).
+A dataset's merge keys (weight, budget, drop) stay
 out: they change the corpus, not the answers. Batch size, concurrency and the HTTP transport
 stay out too: they change how fast answers come, not what they are."""
 
@@ -73,7 +74,7 @@ stay out too: they change how fast answers come, not what they are."""
 def fingerprint(config: RunConfig) -> dict:
     keys = {setting_key(config, k): v for k, v in sampling_settings(config).items()}
     for d in config.datasets:
-        prompts = {**d.model_dump(mode="json", include=PROMPT_KEYS), "source content": source_digest(d)}
+        prompts = {**d.model_dump(mode="json", include=PROMPT_KEYS), **source_identity(d)}
         keys |= flat(f"datasets[{d.name}]", prompts)
     return keys
 

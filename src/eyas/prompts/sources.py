@@ -26,14 +26,19 @@ class RawRow:
     """Set when the row could not even be parsed (bad JSON)."""
 
 
-def source_digest(dataset: DatasetConfig) -> str | None:
-    """The content of a local source (a sha256 over its files' names and bytes), so a row added
-    to the file makes generation stale; None for a hub dataset, named by id, split and subset."""
+def source_identity(dataset: DatasetConfig) -> dict:
+    """Which rows a source holds: a local file or directory by content (a sha256 over its files'
+    names and bytes, not its path, so a run moved elsewhere stays current while a row added
+    to the file does not); a hub dataset by id, split and subset."""
+    path = Path(dataset.source).expanduser()
+    if _is_hub_id(dataset.source, path) and not path.exists():
+        return {"source": dataset.source, "split": dataset.split, "subset": dataset.subset}
+    return {"source content": _local_digest(path) if path.exists() else "missing"}
+
+
+def _local_digest(path: Path) -> str:
     import hashlib
 
-    path = Path(dataset.source).expanduser()
-    if not path.exists():
-        return None if _is_hub_id(dataset.source, path) else "missing"
     files = _source_files(path) if path.is_dir() else [path]
     h = hashlib.sha256()
     for f in files:
