@@ -16,6 +16,7 @@ from eyas.extract.reader import HiddenStates
 from eyas.merge.reader import iter_split
 from eyas.paths import RunPaths
 from eyas.stage import digest, read_marker
+from tests.kills import kill_at_each
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -131,19 +132,8 @@ def test_a_redo_killed_at_any_point_leaves_the_old_states_or_the_new_never_a_mix
         lambda: (redo / "shard-00004.json").exists(),
         lambda: (redo / "index.json").exists(),
     ]
-    seen = []
-    for ready in kill_points:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "eyas", "extract", str(config), "-q", "--redo"], env=env(), cwd=ROOT
-        )
-        while not ready() and proc.poll() is None:
-            time.sleep(0.001)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        now = whole(hidden)
-        seen.append("old" if now == old else "new")
-        if seen[-1] == "new":
-            break
+    command = [sys.executable, "-m", "eyas", "extract", str(config), "-q", "--redo"]
+    seen = kill_at_each(command, kill_points, lambda: whole(hidden), old, env=env(), cwd=ROOT)
     assert seen[0] == "old", seen
     subprocess.run(
         [sys.executable, "-m", "eyas", "extract", str(config), "-q", "--redo"], env=env(), cwd=ROOT, check=True

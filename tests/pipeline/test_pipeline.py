@@ -19,6 +19,8 @@ from eyas.stage import StageError, read_marker
 from eyas.train.metrics import read_metrics
 from tests.conftest import write_jsonl
 
+EVERY_ACTIVE_STAGE = ["generate", "tokenize", "merge", "train", "export", "eval"]
+"""Every stage but extract, which online training does without."""
 PROMPTS = ["Name a fruit.", "What is 3+3?", "Say hello.", "Name a color.", "What day follows Monday?", "Name a pet."]
 
 
@@ -79,14 +81,7 @@ def weights(config_path) -> bytes:
 def test_full_run_then_skip_then_refuse_stale(config_path, finished):
     config = load_config(config_path)
     results = finished
-    assert [s for s, r in results.items() if r["status"] == "ran"] == [
-        "generate",
-        "tokenize",
-        "merge",
-        "train",
-        "export",
-        "eval",
-    ]
+    assert [s for s, r in results.items() if r["status"] == "ran"] == EVERY_ACTIVE_STAGE
     assert results["extract"]["status"] == "skipped"
     run_dir = config_path.parent / "run"
     assert (run_dir / "eval" / "report.json").is_file() and (run_dir / "eval" / "acceptance.png").is_file()
@@ -165,14 +160,7 @@ def test_another_corpus_retrains_from_scratch_and_evaluates_anew(config_path, fi
     before, paths = weights(copy), RunPaths.of(load_config(copy))
     old_train, old_eval = read_marker(paths.marker("train")), read_marker(paths.marker("eval"))
     results = pipeline.run(load_config(copy), quiet=True)
-    assert [s for s, r in results.items() if r["status"] == "ran"] == [
-        "generate",
-        "tokenize",
-        "merge",
-        "train",
-        "export",
-        "eval",
-    ]
+    assert [s for s, r in results.items() if r["status"] == "ran"] == EVERY_ACTIVE_STAGE
     marker = read_marker(paths.marker("train"))
     assert "continued_from_step" not in marker["run"] and weights(copy) != before
     assert [r["step"] for r in read_metrics(paths.train_metrics)] == [1, 2]
