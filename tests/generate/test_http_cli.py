@@ -204,7 +204,9 @@ def test_ctrl_c_saves_finished_work_and_the_rerun_completes(tmp_path):
     prompts = [f"interrupt question {i}" for i in range(40)]
     fake = FakeOpenAI(latency_s=0.15)
     with FakeServer(fake) as server:
-        config = write_config(tmp_path, server.base_url, prompts)
+        # Four in flight: the 40 answers take ten rounds, so the interrupt lands mid-run even when
+        # the machine is busy (with all 40 in flight at once they could all land before it).
+        config = write_config(tmp_path, server.base_url, prompts, concurrency=4)
         proc = subprocess.Popen(
             [*EYAS, "generate", str(config), "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
         )
