@@ -23,9 +23,9 @@ import pytest
 
 from eyas.config import TargetConfig
 from eyas.target import cache_root
+from eyas.target.children import LAUNCHER
 from eyas.target.settings import PrefillCapture, Sampling, SpeculativeDecoding
 from eyas.target.vllm import ENV_PYTHON, VllmChild, VllmError, vllm_python
-from eyas.target.vllm import SCRIPTS as CHILD_SCRIPTS
 from eyas.target.vllm_engine import VllmGenerator, VllmPrefill, gpu_memory_utilization, speculative_decode
 from tests.train.conftest import subprocess_env
 from tests.vllm_stand_ins import ANSWERS, EVAL, EXITS, HANGS, HANGS_AFTER_READY, SHORT, stand_in
@@ -169,8 +169,8 @@ def test_a_child_dies_with_eyas_even_when_eyas_is_killed(tmp_path):
         [
             sys.executable,
             "-c",
-            "import sys, time; from eyas.target.vllm import start_child; "
-            f"start_child([sys.executable, '-c', {child!r}], open({str(log)!r}, 'w')); time.sleep(600)",
+            "import sys, time; from eyas.target.vllm import start_vllm; "
+            f"start_vllm([sys.executable, '-c', {child!r}], open({str(log)!r}, 'w')); time.sleep(600)",
         ],
         env=subprocess_env(),
     )
@@ -190,8 +190,15 @@ def test_a_child_dies_with_eyas_even_when_eyas_is_killed(tmp_path):
 
 
 def test_a_child_whose_eyas_died_before_it_started_exits_at_once():
-    env = {**os.environ, "PYTHONPATH": str(CHILD_SCRIPTS), "EYAS_PARENT_PID": "1"}
-    done = subprocess.run([sys.executable, "-c", "import eyas_child"], env=env, capture_output=True, text=True)
-    assert done.returncode == 1 and "eyas (pid 1) exited before this vLLM child started" in done.stderr
+    launch = [
+        sys.executable,
+        str(LAUNCHER),
+        sys.executable,
+        "-c",
+        "import os; assert 'EYAS_PARENT_PID' not in os.environ",
+    ]
+    env = {**os.environ, "EYAS_PARENT_PID": "1"}
+    done = subprocess.run(launch, env=env, capture_output=True, text=True)
+    assert done.returncode == 1 and "eyas (pid 1) exited before" in done.stderr
     env["EYAS_PARENT_PID"] = str(os.getpid())
-    assert subprocess.run([sys.executable, "-c", "import eyas_child"], env=env).returncode == 0
+    assert subprocess.run(launch, env=env).returncode == 0

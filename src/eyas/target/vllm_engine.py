@@ -27,9 +27,10 @@ from eyas.config import TargetConfig
 from eyas.records import content_hash
 from eyas.stage import file_digest
 from eyas.target.capture import hf_hidden_state_indices
+from eyas.target.children import stop_group
 from eyas.target.generation import ChatCodec, Completion
 from eyas.target.settings import PrefillCapture, Sampling, ServedTarget, SpeculativeDecoding
-from eyas.target.vllm import VllmChild, VllmError, child_script, exited, start_child, stop_group, timed_out
+from eyas.target.vllm import VllmChild, VllmError, child_script, exited, start_vllm, timed_out
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +241,7 @@ def _run_eval_child(served: ServedTarget, request: dict, result_path: Path, draf
     log.info("eval: running %s in vLLM (%s); its log is %s", what, served.python, log_path)
     try:
         with log_path.open("w") as log_file:
-            process = start_child(
+            process = start_vllm(
                 [served.python, child_script("eval"), str(request_path), str(result_path)], log_file, cwd=out_dir
             )
             try:

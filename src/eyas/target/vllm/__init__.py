@@ -15,7 +15,6 @@ import importlib.util
 import json
 import os
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -23,10 +22,9 @@ import time
 from pathlib import Path
 
 from eyas.config import ConfigError
+from eyas.target.children import log_tail, start_child, stop_group
 
 ENV_PYTHON = "EYAS_VLLM_PYTHON"
-PARENT_ENV = "EYAS_PARENT_PID"
-"""eyas's pid, handed to each child so it can tell whether eyas died before it asked to die with it (``eyas_child.py``)."""
 SCRIPTS = Path(__file__).resolve().parent
 CHECKOUT_VENV = Path(__file__).resolve().parents[4] / ".venv-vllm" / "bin" / "python"
 """Where ``make vllm`` puts vLLM's own environment when eyas runs from a checkout."""
@@ -65,11 +63,6 @@ def child_script(name: str) -> str:
     return str(SCRIPTS / f"{name}_child.py")
 
 
-def log_tail(path: Path, lines: int = 15) -> str:
-    """The last lines of a child's log, for an error message."""
-    return "\n".join(path.read_text(errors="replace").strip().splitlines()[-lines:]) if path.is_file() else ""
-
-
 def exited(name: str, returncode: int | None, log_path: Path) -> VllmError:
     return VllmError(f"vLLM ({name}) exited with {returncode}; last lines of {log_path}:\n{log_tail(log_path)}")
 
@@ -81,27 +74,12 @@ def timed_out(name: str, seconds: float, log_path: Path) -> VllmError:
     )
 
 
-def start_child(argv: list[str], log_file, **popen_args) -> subprocess.Popen:
-    """Start a vLLM child logging to ``log_file``, leading a process group of its own.
-
-    vLLM's engine and worker processes outlive a killed parent and keep its memory (GPUs, on
-    a GPU box), so the child asks Linux to send it SIGTERM when eyas dies (even by SIGKILL)
-    and then kills its whole group (``eyas_child.py``). It asks itself, at start-up: a
-    ``preexec_fn`` would run between fork and exec, which is unsafe in a threaded parent.
-    """
+def start_vllm(argv: list[str], log_file, **popen_args) -> subprocess.Popen:
+    """Start a vLLM child (:func:`eyas.target.children.start_child`); its SIGTERM handler then
+    kills its whole group (``eyas_child.py``), vLLM's engine and workers included."""
     # The engine's own worker processes import the connector from this folder by module name.
     pythonpath = os.pathsep.join(filter(None, [str(SCRIPTS), os.environ.get("PYTHONPATH")]))
-    env = dict(os.environ, PYTHONPATH=pythonpath, **{PARENT_ENV: str(os.getpid())})
-    return subprocess.Popen(
-        argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, start_new_session=True, **popen_args
-    )
-
-
-def stop_group(process: subprocess.Popen) -> None:
-    """Kill a child and every process vLLM started under it."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    return start_child(argv, log_file, dict(os.environ, PYTHONPATH=pythonpath), **popen_args)
 
 
 class VllmChild:
@@ -125,7 +103,7 @@ class VllmChild:
         self._pending = b""
         try:
             with log_path.open("a") as log_file:
-                self._process = start_child(
+                self._process = start_vllm(
                     [python, child_script(name), self._settings_path, str(write_fd)],
                     log_file,
                     stdin=subprocess.PIPE,

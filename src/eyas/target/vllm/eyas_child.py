@@ -1,4 +1,6 @@
-"""What the vLLM children share: dying with eyas, the target loaded as eyas resolved it, and the request loop.
+"""What the vLLM children share: taking vLLM down with them, the target loaded as eyas resolved it,
+and the request loop. (Dying with eyas is asked for before the child starts, by
+``eyas/target/die_with_eyas.py``.)
 
 Imported by the ``*_child.py`` scripts beside it (their folder is first on ``sys.path``); like
 them it imports nothing from eyas.
@@ -13,39 +15,15 @@ import signal
 import sys
 from collections.abc import Callable
 
-PARENT_ENV = "EYAS_PARENT_PID"
-"""eyas's pid, set by eyas for the process it starts (``eyas.target.vllm.PARENT_ENV``)."""
-PR_SET_PDEATHSIG = 1
-
 
 def _stop_the_group(_signum, _frame) -> None:
     """eyas died or asked to stop: take vLLM's engine and workers down too (they outlive us)."""
     os.killpg(0, signal.SIGKILL)
 
 
-def _die_with_eyas(parent: int) -> None:
-    """Ask Linux to send SIGTERM when eyas dies (even by SIGKILL), and leave if it already has.
-
-    Asked here, at start-up, rather than by eyas between fork and exec (``preexec_fn``, unsafe in
-    a threaded parent). eyas may die before the request is made, and then no signal comes: the
-    parent pid tells, since an orphan is adopted by another process.
-    """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:
-        sys.exit(f"eyas (pid {parent}) exited before this vLLM child started; nothing to do")
-
-
 if os.getpgid(0) == os.getpid():
     # Only as a group leader (eyas starts its children so): the group is then ours alone.
     signal.signal(signal.SIGTERM, _stop_the_group)
-# Removed at once: vLLM's own processes, when spawned, import the child script (and so this
-# module) again, and are not eyas's children.
-_parent = os.environ.pop(PARENT_ENV, None)
-if _parent is not None:
-    _die_with_eyas(int(_parent))
 
 
 def load_llm(settings: dict, **engine_args):
