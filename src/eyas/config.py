@@ -48,8 +48,10 @@ class TargetConfig(Section):
     """`auto` (cuda when available, else cpu), `cpu`, `cuda`, or `cuda:N`."""
     vllm_python: str | None = None
     """Python that imports vllm, for stages that run the target in vLLM (default $EYAS_VLLM_PYTHON, this interpreter, or the checkout's .venv-vllm from `make vllm`)."""
-    vllm_timeout_s: float = Field(default=1800.0, gt=0.0)
-    """Longest wait in seconds for a vLLM child to answer, its start (loading the target) included; then it is stopped."""
+    llamacpp: str | None = None
+    """llama.cpp source tree with llama-server built in build/bin, for exports to GGUF and `eval.engine: llamacpp` (default $EYAS_LLAMACPP, or the checkout's .llamacpp from `make llamacpp`)."""
+    engine_timeout_s: float = Field(default=1800.0, gt=0.0)
+    """Longest wait in seconds for an engine child (vLLM, llama-server) to answer, its start (loading the target) included; then it is stopped."""
 
 
 class DatasetConfig(Section):
@@ -370,8 +372,10 @@ class EvalConfig(Section):
     """0: greedy verification with a lossless check; >0: speculative rejection sampling."""
     draft_sampling: Literal["greedy", "sample"] = "greedy"
     """At temperature > 0: `greedy` drafts the drafter's argmax and accepts it with the target's probability of it (what vLLM does, so τ is the one a server shows); `sample` samples drafts and accepts with min(1, p/q)."""
-    engine: Literal["eyas", "vllm"] = "eyas"
-    """`vllm`: also serve the vLLM export in vLLM itself and check its τ, passes and outputs against eyas's."""
+    engine: Literal["eyas", "vllm", "llamacpp"] = "eyas"
+    """`vllm`: also serve the vLLM export in vLLM itself and check its τ, passes and outputs against eyas's. `llamacpp`: also serve the GGUF export in llama-server and measure its decode speed beside plain decoding and llama.cpp's n-gram speculation."""
+    llamacpp_repeats: int = Field(default=3, ge=1)
+    """engine llamacpp: rounds over every prompt and configuration; the report gives each configuration's median tokens/s."""
     in_process: bool = True
     """Run eyas's own eval with the target loaded here (one device). false, with engine vllm, for targets larger than one GPU: vLLM alone measures τ, with plain decoding in vLLM as baseline and lossless reference."""
     tensor_parallel_size: int = Field(default=1, ge=1)
@@ -484,6 +488,8 @@ def load_config(path: str | Path) -> RunConfig:
     if config.target.vllm_python is not None:
         # Absolute but not resolved: a virtual environment's python is a symlink that must stay one.
         config.target.vllm_python = os.path.abspath(base / Path(config.target.vllm_python).expanduser())
+    if config.target.llamacpp is not None:
+        config.target.llamacpp = os.path.abspath(base / Path(config.target.llamacpp).expanduser())
     for d in config.datasets:
         # A relative local source is relative to the config file; a hub id stays as it is.
         local = (base / d.source).exists() or Path(d.source).suffix in (".jsonl", ".json", ".parquet")

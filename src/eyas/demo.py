@@ -30,6 +30,7 @@ DEMO_PROMPTS = 192
 MAX_TOKENS = 128
 EVAL_PROMPTS = 16
 TRAIN_STEPS = 240
+LLAMACPP_ROUNDS = 2
 DEMO_CONTROL = "eagle3_broken_aux_order"
 
 
@@ -54,7 +55,13 @@ def demo_config() -> dict:
             "max_seq_len": 512,
             "cache_states": True,
         },
-        "eval": {"num_draft_tokens": 3, "max_new_tokens": 64, "max_prompts": EVAL_PROMPTS},
+        "eval": {
+            "num_draft_tokens": 3,
+            "max_new_tokens": 64,
+            "max_prompts": EVAL_PROMPTS,
+            "engine": "llamacpp",
+            "llamacpp_repeats": LLAMACPP_ROUNDS,
+        },
     }
 
 
@@ -67,7 +74,9 @@ def write_demo_config(run_dir: Path) -> Path:
         f"# {EVAL_PROMPTS} held out for eval; a drafter of the standard shape (3 TTT steps, 4,096-token\n"
         f"# draft vocabulary) trained online for {TRAIN_STEPS} steps of 8 samples, the target's states computed\n"
         "# once per sample and kept in memory (train.cache_states); eval: 3 draft tokens,\n"
-        "# 64 new tokens per prompt, drafter vs prompt lookup vs the drafter with its aux states reversed.\n"
+        "# 64 new tokens per prompt, drafter vs prompt lookup vs the drafter with its aux states reversed,\n"
+        f"# then decode speed in llama.cpp ({LLAMACPP_ROUNDS} rounds): the drafter at 1-3 drafted tokens vs plain\n"
+        "# decoding vs llama.cpp's n-gram speculation.\n"
     )
     path.write_text(header + yaml.safe_dump(demo_config(), sort_keys=False))
     return path
@@ -119,6 +128,7 @@ def summarize(config, results: dict[str, dict], wall_s: float) -> dict:
         "tau_drafter": methods["eagle3"]["tau"],
         "tau_lookup": methods["prompt_lookup"]["tau"],
         "tau_broken": methods[DEMO_CONTROL]["tau"] if DEMO_CONTROL in methods else None,
+        "llamacpp": report.get("llamacpp"),
         "lossless": lossless,
         "export": str(paths.export("sglang")),
         "plot": str(paths.eval_dir / "acceptance.png"),
@@ -145,6 +155,7 @@ def summary_table(s: dict) -> Table:
         ("τ prompt lookup", f"{s['tau_lookup']:.2f}"),
         ("τ broken drafter (aux order reversed)", "n/a" if s["tau_broken"] is None else f"{s['tau_broken']:.2f}"),
         ("lossless vs greedy, every prompt", "pass" if s["lossless"] else "FAIL"),
+        *_llamacpp_rows(s["llamacpp"]),
         ("exported drafter", s["export"]),
         ("acceptance plot", s["plot"]),
         ("stage wall times (this invocation)", ", ".join(f"{n} {v:.0f} s" for n, v in s["stage_seconds"].items())),
@@ -153,3 +164,23 @@ def summary_table(s: dict) -> Table:
     for row in rows:
         t.add_row(*row)
     return t
+
+
+def _llamacpp_rows(section: dict | None) -> list[tuple[str, str]]:
+    """What the drafter does to llama.cpp's decode speed, beside its n-gram speculation."""
+    if section is None:
+        return []
+    best = section["methods"][section["best_draft"]]
+    plain = section["plain"]["tokens_per_s"]
+    rows = [
+        ("llama.cpp plain decoding (f32)", f"{plain:.1f} tok/s"),
+        (
+            f"llama.cpp with the drafter ({section['best_draft']}, best)",
+            f"{best['speedup']:.2f}× ({best['tokens_per_s']:.1f} tok/s, τ {best['tau']:.2f})",
+        ),
+    ]
+    for name in ("ngram-mod", "ngram-simple"):
+        if name in section["methods"]:
+            m = section["methods"][name]
+            rows.append((f"llama.cpp {name} (no drafter)", f"{m['speedup']:.2f}× ({m['tokens_per_s']:.1f} tok/s)"))
+    return rows

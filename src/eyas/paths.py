@@ -13,6 +13,7 @@ from pathlib import Path
 MERGE_STATS = "stats.json"
 HIDDEN_INDEX = "index.json"
 MARKER = "stage.json"
+DRAFT_GGUF = "draft.gguf"
 """File names also used inside directories a stage writes elsewhere first (a temporary merge
 directory renamed into place) or that a reader opens by directory (hidden states)."""
 REDO_SUFFIX = ".redo"
@@ -134,6 +135,11 @@ class RunPaths:
 
     def export(self, layout: str) -> Path:
         return self.export_dir / layout
+
+    @property
+    def export_gguf(self) -> Path:
+        """The drafter as llama.cpp serves it (``eyas export --format gguf``)."""
+        return self.export("gguf") / DRAFT_GGUF
 
     @property
     def eval_dir(self) -> Path:

@@ -131,11 +131,20 @@ def _redo_hint(stage: Stage, state: StageState, config_path: str) -> str:
     return f"run `eyas {stage.name} {config_path}{' --redo' if redo else ''}` (or `eyas run {config_path}`) first"
 
 
-def require_inputs(config: RunConfig, name: str, config_path: str = "CONFIG", paths: RunPaths | None = None) -> None:
-    """Refuse to start ``name`` on input that is missing or stale, naming the command that mends it."""
+def require_inputs(
+    config: RunConfig,
+    name: str,
+    config_path: str = "CONFIG",
+    paths: RunPaths | None = None,
+    run_config: RunConfig | None = None,
+) -> None:
+    """Refuse to start ``name`` on input that is missing or stale, naming the command that mends it.
+
+    ``run_config``: the run's own config, when ``config`` is an evaluation's with command-line
+    overrides — the stages it reads are the run's, and current or not under the run's config."""
     paths = paths or RunPaths.of(config)
     for before in map(_stage, upstream(config, name)):
-        state = check(config, before.contract, paths)
+        state = check(run_config or config, before.contract, paths)
         if state.status != "current":
             raise StageError(
                 f"{name}: its input from stage {before.name} is {state.status} ({state.why}); "
@@ -144,13 +153,18 @@ def require_inputs(config: RunConfig, name: str, config_path: str = "CONFIG", pa
 
 
 def prepare(
-    config: RunConfig, name: str, redo: bool = False, config_path: str = "CONFIG", paths: RunPaths | None = None
+    config: RunConfig,
+    name: str,
+    redo: bool = False,
+    config_path: str = "CONFIG",
+    paths: RunPaths | None = None,
+    run_config: RunConfig | None = None,
 ) -> bool:
     """Before a stage's own command: its input must be current, and outputs made otherwise are
     replaced only with ``redo`` (or when the stage continues them). False when the stage is
     current and need not run."""
     paths = paths or RunPaths.of(config)
-    require_inputs(config, name, config_path, paths)
+    require_inputs(config, name, config_path, paths, run_config)
     stage = _stage(name)
     if stage.contract.resumes_itself:
         return True

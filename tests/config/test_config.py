@@ -113,14 +113,14 @@ def test_a_relative_vllm_python_is_taken_against_the_config_file_and_its_link_ke
     python.symlink_to(sys.executable)
     (tmp_path / "runs").mkdir()
     path = write(
-        tmp_path / "runs", "run_dir: out\ntarget:\n  vllm_python: ../envs/vllm/bin/python\n  vllm_timeout_s: 60\n"
+        tmp_path / "runs", "run_dir: out\ntarget:\n  vllm_python: ../envs/vllm/bin/python\n  engine_timeout_s: 60\n"
     )
     config = load_config(path)
     # Absolute, `..` folded, but not resolved: a virtual environment's python is a symlink.
     assert config.target.vllm_python == str(python)
-    assert config.target.vllm_timeout_s == 60.0
+    assert config.target.engine_timeout_s == 60.0
 
 
 def test_vllm_timeout_must_be_positive():
-    with pytest.raises(ConfigError, match=r"target.vllm_timeout_s: Input should be greater than 0"):
-        parse_config({"run_dir": "x", "target": {"vllm_timeout_s": 0}})
+    with pytest.raises(ConfigError, match=r"target.engine_timeout_s: Input should be greater than 0"):
+        parse_config({"run_dir": "x", "target": {"engine_timeout_s": 0}})

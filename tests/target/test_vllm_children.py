@@ -43,7 +43,7 @@ def temp_dir(tmp_path, monkeypatch) -> Path:
 
 
 def target(python: str, timeout_s: float = 60.0) -> TargetConfig:
-    return TargetConfig(model="embedded", device="cpu", vllm_python=python, vllm_timeout_s=timeout_s)
+    return TargetConfig(model="embedded", device="cpu", vllm_python=python, engine_timeout_s=timeout_s)
 
 
 def running(pid: int) -> bool:
@@ -85,7 +85,7 @@ def test_a_child_that_exits_at_once_leaves_nothing_behind_and_names_its_log(tmp_
 def test_a_child_that_never_answers_is_stopped_with_its_group_after_the_timeout(tmp_path, temp_dir):
     log = tmp_path / "vllm.log"
     started = time.monotonic()
-    with pytest.raises(VllmError, match=r"vLLM \(generate\) gave no answer within target.vllm_timeout_s = 0.5 s"):
+    with pytest.raises(VllmError, match=r"vLLM \(generate\) gave no answer within target.engine_timeout_s = 0.5 s"):
         VllmChild("generate", stand_in(tmp_path, HANGS), {}, log, 0.5)
     assert time.monotonic() - started < 5
     assert stopped_within(int(log.read_text().split()[0]), 5), "the engine it started is stopped too"
@@ -93,12 +93,12 @@ def test_a_child_that_never_answers_is_stopped_with_its_group_after_the_timeout(
 
     # Ready, then silent on a request: the same limit holds for every answer.
     with VllmChild("generate", stand_in(tmp_path, HANGS_AFTER_READY), {}, log, 0.5) as child:
-        with pytest.raises(VllmError, match=r"target.vllm_timeout_s = 0.5 s and was stopped"):
+        with pytest.raises(VllmError, match=r"target.engine_timeout_s = 0.5 s and was stopped"):
             child.ask({"prompts": [[1]]})
     assert list(temp_dir.glob("*.json")) == []
 
     out = tmp_path / "eval"
-    with pytest.raises(VllmError, match=r"vLLM \(eval\) gave no answer within target.vllm_timeout_s = 0.5 s"):
+    with pytest.raises(VllmError, match=r"vLLM \(eval\) gave no answer within target.engine_timeout_s = 0.5 s"):
         speculative_decode(
             target(stand_in(tmp_path, HANGS), 0.5), SpeculativeDecoding(3, 8, 0.0, 0), None, [[1]], {2}, "float32", out
         )

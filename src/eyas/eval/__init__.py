@@ -27,6 +27,7 @@ run's own report.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 import re
 import time
@@ -47,6 +48,7 @@ from eyas.eval.report import (
     PromptResult,
     engine_check_line,
     engine_failures,
+    llamacpp_table,
     lossless_failures,
     plain_summary,
     report_frame,
@@ -54,6 +56,7 @@ from eyas.eval.report import (
     table,
     write_report,
 )
+from eyas.files import write_json_atomic
 from eyas.jsonl import DurableAppender, read_jsonl, recover
 from eyas.paths import RunPaths
 from eyas.records import content_hash
@@ -162,7 +165,36 @@ def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict
         gc.collect()
         torch.cuda.empty_cache()
         _add_vllm(report, config, dtype, drafter_dir, eval_prompts, stop_ids, paths, done)
+    elif cfg.engine == "llamacpp":
+        report["llamacpp"] = _in_llamacpp(config, dtype, drafter_dir, eval_prompts, paths)
     return _finish(report, paths, started, quiet, keep=results_path)
+
+
+def _in_llamacpp(config: RunConfig, dtype: str, drafter_dir: Path, prompts: list[EvalPrompt], paths: RunPaths) -> dict:
+    """The drafter eyas evaluated, in ``llama-server``, on a target GGUF in eyas's ``dtype``: converted
+    by llama.cpp's converter into the eval directory once per drafter content (what ``eyas export
+    --format gguf`` writes for the run's own)."""
+    from eyas.drafter.layout import content_digest
+    from eyas.eval.llamacpp_engine import measure
+    from eyas.target.llamacpp import GGUF_TYPES, convert, find_llamacpp, target_ggufs
+
+    llamacpp = find_llamacpp(config.target.llamacpp)
+    ggufs = target_ggufs(config.target, llamacpp, GGUF_TYPES[dtype])
+    draft = paths.eval_dir / f"draft-{content_digest(drafter_dir)}.gguf"
+    if not draft.is_file():
+        convert(llamacpp, drafter_dir, draft, GGUF_TYPES[dtype], target_dir=ggufs.hf_dir)
+    # Measured once per drafter, target, prompts and settings: a rerun reads the figures back.
+    cfg = config.eval
+    request = {
+        "draft": file_digest(draft),
+        "target": ggufs.same_precision.name,
+        "prompts": [_prompt_digest(p) for p in prompts],
+        "settings": [cfg.num_draft_tokens, cfg.max_new_tokens, cfg.llamacpp_repeats],
+    }
+    cached = paths.eval_dir / f"llamacpp-{content_hash(request)}.json"
+    if not cached.is_file():
+        write_json_atomic(cached, measure(config, llamacpp, ggufs.same_precision, draft, prompts, paths.eval_dir))
+    return {**json.loads(cached.read_text()), "result_file": cached.name}
 
 
 def _eval_in_process(
@@ -216,13 +248,18 @@ def _finish(report: dict, paths: RunPaths, started: StageRun, quiet: bool, keep:
     write_report(paths.eval_report, report)
     plot_acceptance(report, paths.eval_dir / "acceptance.png")
     used = {keep.name} if keep else set()
-    used |= {m["result_file"] for m in [report["plain"], *report["methods"].values()] if "result_file" in m}
-    for cached in [*paths.eval_dir.glob("results-*.jsonl"), *paths.eval_dir.glob("vllm-*.json")]:
-        if cached.name not in used:
-            cached.unlink()
+    figures = [report["plain"], *report["methods"].values(), report.get("llamacpp", {})]
+    used |= {m["result_file"] for m in figures if "result_file" in m}
+    used |= {Path(report["llamacpp"]["draft"]).name} if "llamacpp" in report else set()
+    for pattern in ("results-*.jsonl", "vllm-*.json", "llamacpp-*.json", "draft-*.gguf"):
+        for cached in paths.eval_dir.glob(pattern):
+            if cached.name not in used:
+                cached.unlink()
     started.finish(paths.marker("eval"))
     if not quiet:
         console.print(table(report))
+        if "llamacpp" in report:
+            console.print(llamacpp_table(report["llamacpp"]))
         if engine_check_line(report):
             console.print(engine_check_line(report))
     failures = lossless_failures(report)

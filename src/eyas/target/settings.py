@@ -42,7 +42,7 @@ class ServedTarget:
             target.trust_remote_code,
             dtype or dtype_name(target),
             vllm_python(target.vllm_python),
-            target.vllm_timeout_s,
+            target.engine_timeout_s,
         )
 
     def load_settings(self) -> dict:

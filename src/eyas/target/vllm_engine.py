@@ -195,7 +195,7 @@ def speculative_decode(
     """vLLM's outputs and its own spec-decode counters for ``prompts``, with ``draft_dir`` as EAGLE-3
     drafter (None: plain decoding, no counters), the target in ``dtype``.
 
-    Runs ``eval_child.py`` once, in ``out_dir``, stopped after ``target.vllm_timeout_s``. The
+    Runs ``eval_child.py`` once, in ``out_dir``, stopped after ``target.engine_timeout_s``. The
     result is cached in ``out_dir/vllm-<request hash>.json``: a rerun with the same export,
     prompts and settings does not start vLLM again. ``result_file`` in the result names that
     file, so the report that uses it can keep it and drop the others.

@@ -69,7 +69,7 @@ def exited(name: str, returncode: int | None, log_path: Path) -> VllmError:
 
 def timed_out(name: str, seconds: float, log_path: Path) -> VllmError:
     return VllmError(
-        f"vLLM ({name}) gave no answer within target.vllm_timeout_s = {seconds:g} s and was stopped (raise the key "
+        f"vLLM ({name}) gave no answer within target.engine_timeout_s = {seconds:g} s and was stopped (raise the key "
         f"if loading the target takes longer); last lines of {log_path}:\n{log_tail(log_path)}"
     )
 

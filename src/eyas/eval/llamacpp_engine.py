@@ -1,0 +1,141 @@
+"""``eval.engine: llamacpp``: the drafter served by ``llama-server``, and the decode speed it buys there.
+
+What a CPU user buys is tokens per second in the engine they run, drafter against none. Each
+configuration runs in a ``llama-server`` of its own (speculation is a server setting), all on
+the same target GGUF in the drafter's precision, greedy:
+
+- ``plain``: the target alone — the speed baseline and the lossless reference;
+- ``eagle3, n=k`` for k = 1 … ``eval.num_draft_tokens``: the GGUF export drafting k tokens;
+- ``ngram-mod`` and ``ngram-simple``: llama.cpp's draftless speculation, what a drafter must beat.
+
+Speed is measured side by side: in each of ``eval.llamacpp_repeats`` rounds every prompt goes
+to every server in turn, so a shared machine's drift falls on all of them alike. A round's
+speed is the tokens decoded after the first, over the generation time llama.cpp reports
+(``timings.predicted_ms``; prompt processing is not decoding); the report gives each
+configuration's median over the rounds and its speed-up over plain's median. τ and
+per-position acceptance are llama.cpp's own counters (``/metrics``: 1 + accepted ÷
+verification steps). Lossless: every configuration's greedy output equals plain's, prompt by
+prompt (the target and drafter share one precision).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import statistics
+from pathlib import Path
+
+from eyas.config import RunConfig
+from eyas.target.llamacpp import LlamaCpp, LlamaServer
+
+log = logging.getLogger(__name__)
+
+PLAIN = "plain"
+NGRAM_TYPES = ("ngram-mod", "ngram-simple")
+
+
+def configurations(draft: Path, k: int) -> dict[str, list[str]]:
+    """Name -> the ``llama-server`` arguments that make it."""
+    configs = {PLAIN: []}
+    for n in range(1, k + 1):
+        configs[f"eagle3, n={n}"] = ["-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(n)]
+    return configs | {name: ["--spec-type", name] for name in NGRAM_TYPES}
+
+
+def measure(config: RunConfig, llamacpp: LlamaCpp, target: Path, draft: Path, prompts: list, out_dir: Path) -> dict:
+    """Run every configuration on ``prompts``; the ``llamacpp`` section of the report.
+
+    Each round starts its servers afresh: llama.cpp's n-gram speculation keeps what it has seen
+    across requests, and prompts it saw in an earlier round would be copied, not predicted.
+    """
+    cfg = config.eval
+    configs = configurations(draft, cfg.num_draft_tokens)
+    rounds: dict[str, list[tuple[int, float]]] = {name: [] for name in configs}
+    outputs: dict[str, dict[str, list[int]]] = {name: {} for name in configs}
+    counters: dict[str, list[dict]] = {name: [] for name in configs}
+    for round_ in range(cfg.llamacpp_repeats):
+        with contextlib.ExitStack() as stack:
+            servers = {
+                name: stack.enter_context(_start(config, llamacpp, target, args, prompts, out_dir / _log_name(name)))
+                for name, args in configs.items()
+            }
+            before = {name: server.counters() for name, server in servers.items()}
+            totals = {name: [0, 0.0] for name in configs}
+            for prompt in prompts:
+                for name, server in servers.items():
+                    answer = server.complete(prompt.input_ids, cfg.max_new_tokens)
+                    timings = answer["timings"]
+                    totals[name][0] += max(timings["predicted_n"] - 1, 0)
+                    totals[name][1] += timings["predicted_ms"]
+                    outputs[name][prompt.id] = answer["tokens"]
+            for name, server in servers.items():
+                rounds[name].append(tuple(totals[name]))
+                counters[name].append(_spent(before[name], server.counters()))
+        log.info("llama.cpp: round %d of %d done", round_ + 1, cfg.llamacpp_repeats)
+    return _section(configs, rounds, outputs, counters, prompts, target, draft, cfg)
+
+
+def _start(config: RunConfig, llamacpp: LlamaCpp, target: Path, args: list[str], prompts: list, log_path: Path):
+    """A fresh server for one configuration, past its one-off start-up costs (a short untimed
+    completion of a prompt's first token alone, which teaches the n-gram methods nothing)."""
+    context = max(len(p.input_ids) for p in prompts) + config.eval.max_new_tokens + 16
+    common = ["-m", str(target), "-c", str(context), "--no-warmup"]
+    server = LlamaServer(llamacpp, common + args, log_path, config.target.engine_timeout_s, os.cpu_count() or 1)
+    try:
+        server.complete(prompts[0].input_ids[:1], 4)
+    except BaseException:
+        server.close()
+        raise
+    return server
+
+
+def _log_name(name: str) -> str:
+    return "llama-server-" + name.replace(", ", "-").replace("=", "") + ".log"
+
+
+def _spent(before: dict, after: dict) -> dict:
+    per_pos = [b - a for a, b in zip(before["num_accepted_tokens_per_pos"], after["num_accepted_tokens_per_pos"])]
+    spent = {k: after[k] - before.get(k, 0.0) for k in after if k != "num_accepted_tokens_per_pos"}
+    return {**spent, "num_accepted_tokens_per_pos": per_pos}
+
+
+def _section(configs, rounds, outputs, counters, prompts, target: Path, draft: Path, cfg) -> dict:
+    """Medians over rounds; τ and per-position rates from the counters of every round pooled."""
+    speeds = {name: [tokens / ms * 1000 if ms else 0.0 for tokens, ms in runs] for name, runs in rounds.items()}
+    plain = statistics.median(speeds[PLAIN])
+    reference = outputs[PLAIN]
+    methods = {}
+    for name in configs:
+        if name == PLAIN:
+            continue
+        c = {k: sum(r.get(k, 0.0) for r in counters[name]) for k in ("num_drafts", "num_accepted_tokens")}
+        c["num_accepted_tokens_per_pos"] = [
+            sum(v) for v in zip(*(r["num_accepted_tokens_per_pos"] for r in counters[name]))
+        ]
+        drafts = c["num_drafts"]
+        mismatched = [p.id for p in prompts if outputs[name][p.id] != reference[p.id]]
+        median = statistics.median(speeds[name])
+        methods[name] = {
+            "tau": 1 + c.get("num_accepted_tokens", 0.0) / drafts if drafts else 1.0,
+            "per_position": [a / drafts for a in c["num_accepted_tokens_per_pos"]] if drafts else [],
+            "tokens_per_s": median,
+            "tokens_per_s_rounds": speeds[name],
+            "speedup": median / plain if plain else None,
+            "lossless": {
+                "checked": len(prompts),
+                "identical": len(prompts) - len(mismatched),
+                "mismatched": mismatched,
+            },
+        }
+    drafted = [n for n in methods if n.startswith("eagle3")]
+    best = max(drafted, key=lambda n: methods[n]["tokens_per_s"])
+    return {
+        "engine": "llama.cpp",
+        "target": str(target),
+        "draft": str(draft),
+        "repeats": cfg.llamacpp_repeats,
+        "plain": {"tokens_per_s": plain, "tokens_per_s_rounds": speeds[PLAIN]},
+        "methods": methods,
+        "best_draft": best,
+    }

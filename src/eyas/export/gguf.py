@@ -1,0 +1,54 @@
+"""``eyas export --format gguf``: the drafter as the GGUF file llama.cpp serves, and its target's.
+
+The drafter is written in the vLLM layout — whose top-level ``eagle_aux_hidden_state_layer_ids``
+are what llama.cpp reads, as the input of each layer (eyas's ``aux_layers + 1``) — and converted
+by llama.cpp's own converter with ``--target-model-dir`` (tokenizer, vocabulary size and layer
+count come from the target). Its precision is the target's: f32 for a float32 target such as the
+embedded one, bf16 or f16 otherwise.
+
+The target needs a GGUF of its own: the same precision, converted once from its Hugging Face
+directory into ``$EYAS_CACHE/gguf/`` (the equal-precision pair on which greedy outputs must not
+change with the draft), and, for the embedded target, the Q4_1 file it ships as.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from eyas.config import TargetConfig
+from eyas.paths import DRAFT_GGUF
+
+
+def write_gguf(target: TargetConfig, weights: dict, spec, dtype: torch.dtype, tmp: Path, out: Path, steps: int) -> str:
+    """Write the drafter's GGUF into ``tmp`` (to be renamed to ``out``); returns the README."""
+    from eyas.drafter.layout import dtype_name, save_sglang
+    from eyas.target.llamacpp import GGUF_TYPES, convert, find_llamacpp, target_ggufs
+
+    llamacpp = find_llamacpp(target.llamacpp)
+    outtype = GGUF_TYPES[dtype_name(dtype)]
+    ggufs = target_ggufs(target, llamacpp, outtype)
+    hf = tmp / "hf"
+    save_sglang(weights, spec, hf, dtype)
+    convert(llamacpp, hf, tmp / DRAFT_GGUF, outtype, target_dir=ggufs.hf_dir)
+    shutil.rmtree(hf)
+    (tmp / (DRAFT_GGUF + ".log")).unlink(missing_ok=True)
+    return gguf_readme(llamacpp.server, ggufs.same_precision, ggufs.shipped, out / DRAFT_GGUF, outtype, steps)
+
+
+def gguf_readme(server: Path, target: Path, shipped: Path | None, draft: Path, outtype: str, steps: int) -> str:
+    serve = f"--spec-type draft-eagle3 --spec-draft-n-max {steps} -md {draft}"
+    sections = [
+        f"# EAGLE-3 drafter for llama.cpp\n\nTrained by eyas, converted by llama.cpp's own converter; drafter "
+        f"and target in {outtype}, so greedy outputs are the target's own with or without the draft.\n",
+        f"## llama.cpp\n\n```bash\n{server} -m {target} \\\n  {serve}\n```\n",
+    ]
+    if shipped is not None:
+        sections.append(
+            "The target as it ships (Q4_1, faster, not bit-equal to the f32 outputs); `--no-repack` because "
+            "weight repacking crashes `llama-server` on some CPUs:\n\n"
+            f"```bash\n{server} -m {shipped} --no-repack \\\n  {serve}\n```\n"
+        )
+    return "\n".join(sections)

@@ -1,0 +1,169 @@
+"""The drafter in llama.cpp: the GGUF export served as its README says, eval's speed rows, and the
+layer numbering llama.cpp reads (built by ``make llamacpp``, which ``make test`` runs: no skips)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+import torch
+
+from eyas.config import TargetConfig, load_config, parse_config
+from eyas.paths import RunPaths
+from eyas.target.llamacpp import LlamaServer, convert, find_llamacpp, target_ggufs
+from tests.conftest import write_jsonl
+from tests.train.conftest import load_tiny
+
+from .overfit import OVERFIT_NEW, TEXTS, overfit_drafter
+from .test_eagle import _misnumbered_copy
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def llamacpp():
+    return find_llamacpp(None)
+
+
+def _greedy_in_llamacpp(server: LlamaServer, prompts: list[list[int]]) -> tuple[list[list[int]], float]:
+    """Each prompt's greedy tokens, and τ from llama.cpp's own counters (1 + accepted ÷ verification steps)."""
+    outputs = [server.complete(p, OVERFIT_NEW)["tokens"] for p in prompts]
+    counters = server.counters()
+    drafts = counters.get("num_drafts", 0.0)
+    return outputs, 1 + counters.get("num_accepted_tokens", 0.0) / drafts if drafts else 1.0
+
+
+def test_the_gguf_export_serves_as_its_readme_says_with_the_targets_greedy_outputs(llamacpp, overfit, tmp_path):
+    prompts, greedy, _, drafter = overfit
+    run_dir = tmp_path / "run"
+    drafter.save(run_dir / "train" / "final")
+    import eyas.export
+
+    out = eyas.export.export_one(load_tiny(run_dir), "gguf")
+    readme = (out / "README.md").read_text()
+    command = re.search(r"```bash\n(.+?)\n```", readme, re.S).group(1).replace("\\\n", " ")
+    assert "--spec-type draft-eagle3 --spec-draft-n-max 3" in command and str(out / "draft.gguf") in command
+    assert "-f32.gguf" in command, "the target in the drafter's precision (f32 for the embedded target)"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [*shlex.split(command), "--host", "127.0.0.1", "--port", str(port), "--metrics", "-t", "2"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, f"llama-server exited ({server.returncode}): {command}"
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "llama-server did not come up"
+                time.sleep(0.5)
+        for prompt, reference in zip(prompts, greedy):
+            body = {"prompt": prompt, "n_predict": OVERFIT_NEW, "temperature": 0, "return_tokens": True}
+            request = urllib.request.Request(f"{base}/completion", json.dumps(body).encode())
+            answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
+            assert answer["tokens"] == reference[: len(answer["tokens"])] and answer["timings"]["draft_n"] > 0
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_eval_in_llamacpp_measures_speed_and_agrees_with_eyas(overfit, tmp_path):
+    from eyas import eval as stage
+
+    overfit[3].save(tmp_path / "draft")
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": t} for t in TEXTS])
+    (tmp_path / "run.yaml").write_text(
+        "run_dir: run\n"
+        "target: {model: embedded, device: cpu}\n"
+        f"eval: {{engine: llamacpp, llamacpp_repeats: 2, num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW},"
+        " prompts: prompts.jsonl, draft: draft, broken_control: false}\n"
+    )
+    report = stage.run(load_config(tmp_path / "run.yaml"), quiet=True)
+    section = report["llamacpp"]
+    assert list(section["methods"]) == ["eagle3, n=1", "eagle3, n=2", "eagle3, n=3", "ngram-mod", "ngram-simple"]
+    assert len(section["plain"]["tokens_per_s_rounds"]) == 2 and section["plain"]["tokens_per_s"] > 0
+    for name, m in section["methods"].items():
+        assert m["lossless"] == {"checked": 3, "identical": 3, "mismatched": []}, name
+        assert m["speedup"] == pytest.approx(m["tokens_per_s"] / section["plain"]["tokens_per_s"])
+    # The same drafter at the same draft length accepts what it accepts in eyas's own decoder, but
+    # for each prompt's last round, whose drafts llama.cpp counts past n_predict (as vLLM does: at
+    # most k a prompt, see eyas.eval.vllm_engine) — large on 16-token answers, small on real ones.
+    eyas = report["methods"]["eagle3"]
+    difference = section["methods"]["eagle3, n=3"]["tau"] - eyas["tau"]
+    assert -0.02 <= difference <= 0.02 + 3 * len(TEXTS) / eyas["target_passes"]
+    assert section["best_draft"] in section["methods"] and (tmp_path / "run" / "eval" / "acceptance.png").is_file()
+    again = stage.run(load_config(tmp_path / "run.yaml"), quiet=True)
+    assert again["llamacpp"]["plain"] == section["plain"], "a rerun reads the measured figures back"
+
+
+def test_an_export_read_with_shifted_layer_ids_loses_acceptance_in_llamacpp(llamacpp, tokenizer, tmp_path):
+    """llama.cpp reads the top-level ids as the input of each layer, as vLLM does: the same weights
+    with the ids one lower (the numbering eyas wrote before the fix) must accept less. A small
+    target whose layers each move the residual stream a lot (init std 1.0) makes the loss plain."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from eyas.eval.decode import TargetRunner, greedy_decode
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=8,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            vocab_size=len(tokenizer),
+            initializer_range=1.0,
+            tie_word_embeddings=False,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    ).eval()
+    target.requires_grad_(False)
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, 512, (12,), generator=generator).tolist() for _ in range(3)]
+    with TargetRunner(target) as runner:
+        greedy = [greedy_decode(runner, p, OVERFIT_NEW, set()).tokens for p in prompts]
+    drafter = overfit_drafter(target, [p + g for p, g in zip(prompts, greedy)], steps=60)
+    drafter.save(tmp_path / "draft")
+    ggufs = target_ggufs(TargetConfig(model=str(tmp_path / "target")), llamacpp, "f32")
+    taus, outputs = {}, {}
+    for name, directory in (
+        ("as written", tmp_path / "draft"),
+        ("shifted", _misnumbered_copy(drafter, tmp_path / "s")),
+    ):
+        draft = convert(llamacpp, directory, tmp_path / f"{name}.gguf", "f32", target_dir=ggufs.hf_dir)
+        args = ["-m", str(ggufs.same_precision), "-md", str(draft), "--spec-type", "draft-eagle3", "--no-warmup"]
+        with LlamaServer(llamacpp, args, tmp_path / f"{name}.log", 120, 2) as server:
+            outputs[name], taus[name] = _greedy_in_llamacpp(server, prompts)
+    # The target's own greedy outputs either way: only acceptance may change with the numbering.
+    assert outputs["as written"] == outputs["shifted"]
+    print(f"llama.cpp τ: layers as written {taus['as written']:.2f}, read one lower {taus['shifted']:.2f}")
+    # Read one lower, the drafter keeps less than half of what it gains over one token per pass.
+    assert taus["shifted"] - 1.0 < (taus["as written"] - 1.0) / 2
+
+
+def test_a_missing_llamacpp_names_make_llamacpp(monkeypatch, tmp_path):
+    from eyas.config import ConfigError
+
+    monkeypatch.setenv("EYAS_LLAMACPP", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"EYAS_LLAMACPP: .* is not a built llama.cpp tree"):
+        find_llamacpp(None)
+    with pytest.raises(ConfigError, match="eval.engine"):
+        parse_config({"run_dir": str(tmp_path), "eval": {"engine": "llama.cpp"}})
+    assert RunPaths(tmp_path).export_gguf == tmp_path / "export" / "gguf" / "draft.gguf"
