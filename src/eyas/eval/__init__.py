@@ -66,7 +66,14 @@ log = logging.getLogger(__name__)
 
 __all__ = ["run", "default_draft_dir", "with_overrides", "engine_failures", "lossless_failures"]
 
-RESULT_INDEPENDENT_KEYS = {"max_prompts", "engine", "in_process", "tensor_parallel_size", "prompts (content)"}
+RESULT_INDEPENDENT_KEYS = {
+    "max_prompts",
+    "engine",
+    "in_process",
+    "tensor_parallel_size",
+    "llamacpp_repeats",
+    "prompts (content)",
+}
 """Eval settings that do not change one prompt's own results, so the per-prompt cache outlives
 them: which prompts are taken (each cached result carries its own prompt's digest), and who
 else runs the export besides eyas."""

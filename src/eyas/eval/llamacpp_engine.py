@@ -43,11 +43,20 @@ def configurations(draft: Path, k: int) -> dict[str, list[str]]:
     return configs | {name: ["--spec-type", name] for name in NGRAM_TYPES}
 
 
-def measure(config: RunConfig, llamacpp: LlamaCpp, target: Path, draft: Path, prompts: list, out_dir: Path) -> dict:
+def measure(
+    config: RunConfig,
+    llamacpp: LlamaCpp,
+    target: Path,
+    draft: Path,
+    prompts: list,
+    out_dir: Path,
+    server_args: tuple[str, ...] = (),
+) -> dict:
     """Run every configuration on ``prompts``; the ``llamacpp`` section of the report.
 
     Each round starts its servers afresh: llama.cpp's n-gram speculation keeps what it has seen
     across requests, and prompts it saw in an earlier round would be copied, not predicted.
+    ``server_args`` go to every server (``--no-repack`` for a target that needs it).
     """
     cfg = config.eval
     configs = configurations(draft, cfg.num_draft_tokens)
@@ -57,7 +66,9 @@ def measure(config: RunConfig, llamacpp: LlamaCpp, target: Path, draft: Path, pr
     for round_ in range(cfg.llamacpp_repeats):
         with contextlib.ExitStack() as stack:
             servers = {
-                name: stack.enter_context(_start(config, llamacpp, target, args, prompts, out_dir / _log_name(name)))
+                name: stack.enter_context(
+                    _start(config, llamacpp, target, [*server_args, *args], prompts, out_dir / _log_name(name))
+                )
                 for name, args in configs.items()
             }
             before = {name: server.counters() for name, server in servers.items()}

@@ -145,15 +145,16 @@ class LlamaServer:
             f"{self.log_path}:\n{log_tail(self.log_path)}"
         )
 
-    def complete(self, prompt: list[int], max_tokens: int) -> dict:
+    def complete(self, prompt: list[int], max_tokens: int, cache_prompt: bool = False) -> dict:
         """Greedy decoding of ``max_tokens`` at most after the token ids ``prompt``, the prompt
-        processed anew (no cache): llama.cpp's answer, with ``tokens`` and ``timings``."""
+        processed anew unless ``cache_prompt`` (then only what the last request did not share):
+        llama.cpp's answer, with ``tokens`` and ``timings``."""
         request = {
             "prompt": prompt,
             "n_predict": max_tokens,
             "temperature": 0.0,
             "top_k": 1,
-            "cache_prompt": False,
+            "cache_prompt": cache_prompt,
             "return_tokens": True,
         }
         body = json.dumps(request).encode()
