@@ -108,6 +108,8 @@ def test_sglang_and_vllm_layout(trained_run, model, fmt):
     assert config["rope_theta"] == 100000.0 and config["rope_scaling"] is None
     readme = (out / "README.md").read_text()
     assert "--speculative-algorithm EAGLE3" in readme and f"--speculative-draft-model-path {out.resolve()}" in readme
+    # Every serve command names the target's precision: SGLang's `auto` would serve float32 in float16.
+    assert readme.count("--dtype float32") == 2
     assert '"method": "eagle3"' in readme
     for a, b in zip(outputs(drafter), outputs(Eagle3Drafter.load(out, model))):
         assert torch.equal(a, b)
