@@ -53,3 +53,22 @@ def overfit_drafter(
         loss.backward()
         optimizer.step()
     return drafter.eval().requires_grad_(False)
+
+
+def distinct_layers_target(vocab_size: int, **config):
+    """A small random target whose layers each move the residual stream a lot (init std 1.0), so
+    a drafter fed the wrong layers loses plainly — on SmolLM2 adjacent layers are so alike that a
+    drafter overfit on three prompts barely notices."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    sizes = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 8, "num_attention_heads": 4}
+    llama = LlamaConfig(
+        **sizes,
+        num_key_value_heads=2,
+        vocab_size=vocab_size,
+        initializer_range=1.0,
+        tie_word_embeddings=False,
+        **config,
+    )
+    return LlamaForCausalLM(llama).eval().requires_grad_(False)

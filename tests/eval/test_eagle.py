@@ -74,30 +74,12 @@ def test_an_export_read_with_shifted_layer_ids_loses_acceptance(tmp_path):
     lower, must accept less. On SmolLM2 adjacent layers are so alike that a drafter overfit on three
     prompts barely notices (the demo drafter lost 1.51 -> 1.45); a small target whose layers each
     move the residual stream a lot (init std 1.0) makes the loss plain, as on large targets."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from eyas.drafter.model import Eagle3Drafter
     from eyas.eval.decode import greedy_decode
 
-    from .overfit import overfit_drafter
+    from .overfit import distinct_layers_target, overfit_drafter
 
-    torch.manual_seed(0)
-    target = (
-        LlamaForCausalLM(
-            LlamaConfig(
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=8,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                vocab_size=512,
-                initializer_range=1.0,
-                tie_word_embeddings=False,
-            )
-        )
-        .eval()
-        .requires_grad_(False)
-    )
+    target = distinct_layers_target(512)
     generator = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 512, (12,), generator=generator).tolist() for _ in range(3)]
     stop = {0}

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
-import socket
-import subprocess
-import time
 import urllib.request
 
 import pytest
@@ -18,9 +14,10 @@ from eyas.config import TargetConfig, load_config, parse_config
 from eyas.paths import RunPaths
 from eyas.target.llamacpp import LlamaServer, convert, find_llamacpp, target_ggufs
 from tests.conftest import write_jsonl
+from tests.servers import served
 from tests.train.conftest import load_tiny
 
-from .overfit import OVERFIT_NEW, TEXTS, overfit_drafter
+from .overfit import OVERFIT_NEW, TEXTS, distinct_layers_target, overfit_drafter
 from .test_eagle import _misnumbered_copy
 
 pytestmark = pytest.mark.slow
@@ -50,34 +47,12 @@ def test_the_gguf_export_serves_as_its_readme_says_with_the_targets_greedy_outpu
     command = re.search(r"```bash\n(.+?)\n```", readme, re.S).group(1).replace("\\\n", " ")
     assert "--spec-type draft-eagle3 --spec-draft-n-max 3" in command and str(out / "draft.gguf") in command
     assert "-f32.gguf" in command, "the target in the drafter's precision (f32 for the embedded target)"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [*shlex.split(command), "--host", "127.0.0.1", "--port", str(port), "--metrics", "-t", "2"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, f"llama-server exited ({server.returncode}): {command}"
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=5)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "llama-server did not come up"
-                time.sleep(0.5)
+    with served(command + " --metrics -t 2", timeout_s=120) as base:
         for prompt, reference in zip(prompts, greedy):
             body = {"prompt": prompt, "n_predict": OVERFIT_NEW, "temperature": 0, "return_tokens": True}
             request = urllib.request.Request(f"{base}/completion", json.dumps(body).encode())
             answer = json.loads(urllib.request.urlopen(request, timeout=120).read())
             assert answer["tokens"] == reference[: len(answer["tokens"])] and answer["timings"]["draft_n"] > 0
-    finally:
-        server.kill()
-        server.wait()
 
 
 def test_eval_in_llamacpp_measures_speed_and_agrees_with_eyas(overfit, tmp_path):
@@ -113,26 +88,11 @@ def test_an_export_read_with_shifted_layer_ids_loses_acceptance_in_llamacpp(llam
     """llama.cpp reads the top-level ids as the input of each layer, as vLLM does: the same weights
     with the ids one lower (the numbering eyas wrote before the fix) must accept less. A small
     target whose layers each move the residual stream a lot (init std 1.0) makes the loss plain."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from eyas.eval.decode import TargetRunner, greedy_decode
 
-    torch.manual_seed(0)
-    target = LlamaForCausalLM(
-        LlamaConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=8,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            vocab_size=len(tokenizer),
-            initializer_range=1.0,
-            tie_word_embeddings=False,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-        )
-    ).eval()
-    target.requires_grad_(False)
+    target = distinct_layers_target(
+        len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id
+    )
     target.save_pretrained(tmp_path / "target")
     tokenizer.save_pretrained(tmp_path / "target")
     generator = torch.Generator().manual_seed(1)

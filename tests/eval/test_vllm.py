@@ -16,6 +16,7 @@ from eyas.config import ConfigError
 from eyas.eval import vllm_engine
 from eyas.target.vllm import ENV_PYTHON, vllm_python
 from tests.conftest import vllm_or_skip, write_jsonl
+from tests.servers import served
 from tests.train.conftest import subprocess_env
 from tests.vllm_stand_ins import EVAL, stand_in
 
@@ -170,7 +171,6 @@ def _readme_vllm_command(readme: str) -> str:
 def test_the_export_readme_serve_command_runs_as_written(tmp_path, overfit, model):
     """The vLLM command an export's README prints starts a server that drafts with the export."""
     import os
-    import socket
     import time
     import urllib.request
 
@@ -183,26 +183,9 @@ def test_the_export_readme_serve_command_runs_as_written(tmp_path, overfit, mode
     out = eyas.export.export_one(load_tiny(run_dir), "vllm")
     command = _readme_vllm_command((out / "README.md").read_text())
     assert command.startswith("python -m vllm.entrypoints.openai.api_server --model ")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     # As written, with `python` being the interpreter that has vLLM, on a free loopback port.
-    shell = f"{command} --host 127.0.0.1 --port {port}"
     env = {**os.environ, "PATH": f"{os.path.dirname(python)}:{os.environ['PATH']}", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    server = subprocess.Popen(
-        shell, shell=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while True:
-            assert server.poll() is None, f"the server exited ({server.returncode}): {shell}"
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=5)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the server did not come up in 10 minutes"
-                time.sleep(2)
+    with served(command, env) as base:
         # ignore_eos (a vLLM extension): 16 tokens, so there are rounds to draft in whatever the answer.
         body = json.dumps(
             {
@@ -221,9 +204,6 @@ def test_the_export_readme_serve_command_runs_as_written(tmp_path, overfit, mode
         while _drafts(base) == 0 and time.monotonic() < deadline:
             time.sleep(2)
         assert _drafts(base) > 0, "the server did not draft with the export"
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(timeout=60)
 
 
 def _served_model(base: str) -> str:
