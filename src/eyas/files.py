@@ -79,24 +79,29 @@ def replace_dir(new: Path, old: Path) -> None:
     either all of ``old`` or all of ``new`` at ``old``'s name, never a mix and never nothing.
 
     A stage builds a redo beside its current outputs (their marker inside) and swaps it in here.
-    Where the two cannot be exchanged in one step, ``old`` is first renamed to ``<old>.old``,
-    which :func:`recover_dir` puts back if a crash falls between the two renames.
+    The outputs swapped out are renamed ``<old>.old`` at once and deleted from there, so that a
+    crash while deleting them (hidden states take a while) leaves them under a name that
+    :func:`recover_dir` removes, not in the redo place where they would pass for a redo. Where
+    the two cannot be exchanged in one step, ``old`` is renamed to ``<old>.old`` first, which
+    :func:`recover_dir` puts back if a crash falls between the two renames.
     """
     recover_dir(old)
+    aside = old.with_name(old.name + ".old")
     if not old.exists():
         new.rename(old)
     elif _exchange(new, old):
-        shutil.rmtree(new)
+        new.rename(aside)
     else:
-        aside = old.with_name(old.name + ".old")
         old.rename(aside)
         new.rename(old)
-        shutil.rmtree(aside)
     fsync_dir(old.parent)
+    if aside.exists():
+        shutil.rmtree(aside)
 
 
 def recover_dir(path: Path) -> None:
-    """Undo a :func:`replace_dir` cut between its two renames: the old outputs come back."""
+    """Mend a :func:`replace_dir` that was cut short: between its two renames the old outputs
+    come back; after the swap, the rest of the swapped-out outputs is deleted."""
     aside = path.with_name(path.name + ".old")
     if aside.exists():
         if path.exists():
