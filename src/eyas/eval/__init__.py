@@ -182,7 +182,7 @@ def _in_llamacpp(config: RunConfig, dtype: str, drafter_dir: Path, prompts: list
     by llama.cpp's converter into the eval directory once per drafter content (what ``eyas export
     --format gguf`` writes for the run's own)."""
     from eyas.drafter.layout import content_digest
-    from eyas.eval.llamacpp_engine import measure
+    from eyas.eval.llamacpp_engine import configurations, measure
     from eyas.target.llamacpp import GGUF_TYPES, convert, find_llamacpp, target_ggufs
 
     llamacpp = find_llamacpp(config.target.llamacpp)
@@ -200,7 +200,9 @@ def _in_llamacpp(config: RunConfig, dtype: str, drafter_dir: Path, prompts: list
     }
     cached = paths.eval_dir / f"llamacpp-{content_hash(request)}.json"
     if not cached.is_file():
-        write_json_atomic(cached, measure(config, llamacpp, ggufs.same_precision, draft, prompts, paths.eval_dir))
+        configs = configurations(draft, cfg.num_draft_tokens)
+        section = measure(config, llamacpp, ggufs.same_precision, configs, prompts, paths.eval_dir)
+        write_json_atomic(cached, {**section, "draft": str(draft)})
     return {**json.loads(cached.read_text()), "result_file": cached.name}
 
 

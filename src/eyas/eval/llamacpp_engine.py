@@ -37,29 +37,36 @@ NGRAM_TYPES = ("ngram-mod", "ngram-simple")
 
 def configurations(draft: Path, k: int) -> dict[str, list[str]]:
     """Name -> the ``llama-server`` arguments that make it."""
-    configs = {PLAIN: []}
-    for n in range(1, k + 1):
-        configs[f"eagle3, n={n}"] = ["-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(n)]
-    return configs | {name: ["--spec-type", name] for name in NGRAM_TYPES}
+    return {PLAIN: [], **{f"eagle3, n={n}": eagle3(draft, n) for n in range(1, k + 1)}, **draftless()}
+
+
+def draftless() -> dict[str, list[str]]:
+    """llama.cpp's own speculation, which needs no drafter: the baseline a CPU user has already."""
+    return {name: ["--spec-type", name] for name in NGRAM_TYPES}
+
+
+def eagle3(draft: Path, n: int) -> list[str]:
+    """The ``llama-server`` arguments that serve ``draft`` drafting ``n`` tokens."""
+    return ["-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(n)]
 
 
 def measure(
     config: RunConfig,
     llamacpp: LlamaCpp,
     target: Path,
-    draft: Path,
+    configs: dict[str, list[str]],
     prompts: list,
     out_dir: Path,
     server_args: tuple[str, ...] = (),
 ) -> dict:
-    """Run every configuration on ``prompts``; the ``llamacpp`` section of the report.
+    """Run every configuration (:func:`configurations`: name -> server arguments, ``plain``
+    among them) on ``prompts``; the ``llamacpp`` section of the report.
 
     Each round starts its servers afresh: llama.cpp's n-gram speculation keeps what it has seen
     across requests, and prompts it saw in an earlier round would be copied, not predicted.
     ``server_args`` go to every server (``--no-repack`` for a target that needs it).
     """
     cfg = config.eval
-    configs = configurations(draft, cfg.num_draft_tokens)
     rounds: dict[str, list[tuple[int, float]]] = {name: [] for name in configs}
     outputs: dict[str, dict[str, list[int]]] = {name: {} for name in configs}
     counters: dict[str, list[dict]] = {name: [] for name in configs}
@@ -84,7 +91,7 @@ def measure(
                 rounds[name].append(tuple(totals[name]))
                 counters[name].append(_spent(before[name], server.counters()))
         log.info("llama.cpp: round %d of %d done", round_ + 1, cfg.llamacpp_repeats)
-    return _section(configs, rounds, outputs, counters, prompts, target, draft, cfg)
+    return _section(configs, rounds, outputs, counters, prompts, target, cfg)
 
 
 def _start(config: RunConfig, llamacpp: LlamaCpp, target: Path, args: list[str], prompts: list, log_path: Path):
@@ -111,7 +118,7 @@ def _spent(before: dict, after: dict) -> dict:
     return {**spent, "num_accepted_tokens_per_pos": per_pos}
 
 
-def _section(configs, rounds, outputs, counters, prompts, target: Path, draft: Path, cfg) -> dict:
+def _section(configs, rounds, outputs, counters, prompts, target: Path, cfg) -> dict:
     """Medians over rounds; τ and per-position rates from the counters of every round pooled."""
     speeds = {name: [tokens / ms * 1000 if ms else 0.0 for tokens, ms in runs] for name, runs in rounds.items()}
     plain = statistics.median(speeds[PLAIN])
@@ -144,7 +151,6 @@ def _section(configs, rounds, outputs, counters, prompts, target: Path, draft: P
     return {
         "engine": "llama.cpp",
         "target": str(target),
-        "draft": str(draft),
         "repeats": cfg.llamacpp_repeats,
         "plain": {"tokens_per_s": plain, "tokens_per_s_rounds": speeds[PLAIN]},
         "methods": methods,
