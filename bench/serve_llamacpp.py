@@ -62,59 +62,62 @@ def main() -> None:
     args = parser.parse_args()
     configs = list(args.config or []) + [r / "demo.yaml" for r in args.run or []]
     llamacpp = find_llamacpp(None)
-    work = Path(tempfile.mkdtemp(prefix="eyas-llamacpp-bench-"))
-    for config_path in configs or [Path("runs/demo/demo.yaml")]:
-        base = load_config(config_path)
-        sizes = {"max_prompts": args.prompts, "llamacpp_repeats": args.rounds, "num_draft_tokens": max(DRAFT_LENGTHS)}
-        sizes |= {"max_new_tokens": args.max_new_tokens} if args.max_new_tokens else {}
-        config = base.model_copy(update={"eval": base.eval.model_copy(update=sizes)})
-        prompts = load_eval_prompts(config, load_tokenizer(config.target))
-        ggufs = target_ggufs(config.target, llamacpp, "f32")
-        drafter = Path(config.run_dir) / "export" / "sglang"
-        drafts = {
-            p: convert(llamacpp, drafter, work / f"draft-{p}.gguf", p, target_dir=ggufs.hf_dir) for p in PRECISIONS
-        }
-        drafting = {_name(p, n): eagle3(d, n) for p, d in drafts.items() for n in DRAFT_LENGTHS}
-        servers = {PLAIN: [], **drafting, **draftless()}
-        # --no-repack everywhere: repacking quantized weights (the Q4_1 target, the q8_0 drafter) dies
-        # with an illegal instruction on these CPUs; f32 weights are never repacked.
-        targets = {"f32": ggufs.same_precision, "Q4_1 (shipped)": ggufs.shipped}
-        print(
-            f"\n## {config_path}: {len(prompts)} held-out prompts, {config.eval.max_new_tokens} new tokens, "
-            f"{args.rounds} rounds, greedy\n"
-        )
-        print("| target | drafter | configuration | τ | tok/s | speed-up | lossless |")
-        print("|---|---|---|---|---|---|---|")
-        costs = {}
-        for target_name, target in targets.items():
-            v = verification_ms(llamacpp, target, ["--no-repack"], prompts[0].input_ids, work)
-            section = measure(config, llamacpp, target, servers, prompts, work, ("--no-repack",))
-            plain = section["plain"]["tokens_per_s"]
-            print(f"| {target_name} | — | plain | 1.00 | {plain:.1f} | 1.00× | reference |")
-            for name, m in section["methods"].items():
-                lossless = f"{m['lossless']['identical']}/{m['lossless']['checked']}"
-                print(
-                    f"| {target_name} | {name.split(' ')[1].rstrip(',') if name.startswith('eagle3') else '—'} | {name} "
-                    f"| {m['tau']:.2f} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}× | {lossless} |"
-                )
-            steps = {key: section["methods"][_name(*key)] for key in product(PRECISIONS, DRAFT_LENGTHS)}
-            costs[target_name] = (
-                1000 / plain,
-                v,
-                {k: (m["tau"] / m["tokens_per_s"] * 1000, m["tau"]) for k, m in steps.items()},
+    with tempfile.TemporaryDirectory(prefix="eyas-llamacpp-bench-") as work:
+        for config_path in configs or [Path("runs/demo/demo.yaml")]:
+            bench(config_path, args, llamacpp, Path(work))
+
+
+def bench(config_path: Path, args: argparse.Namespace, llamacpp, work: Path) -> None:
+    """One run's two tables: each configuration's speed, then the step costs and break-even τ."""
+    base = load_config(config_path)
+    sizes = {"max_prompts": args.prompts, "llamacpp_repeats": args.rounds, "num_draft_tokens": max(DRAFT_LENGTHS)}
+    sizes |= {"max_new_tokens": args.max_new_tokens} if args.max_new_tokens else {}
+    config = base.model_copy(update={"eval": base.eval.model_copy(update=sizes)})
+    prompts = load_eval_prompts(config, load_tokenizer(config.target))
+    ggufs = target_ggufs(config.target, llamacpp, "f32")
+    drafter = Path(config.run_dir) / "export" / "sglang"
+    drafts = {p: convert(llamacpp, drafter, work / f"draft-{p}.gguf", p, target_dir=ggufs.hf_dir) for p in PRECISIONS}
+    drafting = {_name(p, n): eagle3(d, n) for p, d in drafts.items() for n in DRAFT_LENGTHS}
+    servers = {PLAIN: [], **drafting, **draftless()}
+    # --no-repack everywhere: repacking quantized weights (the Q4_1 target, the q8_0 drafter) dies
+    # with an illegal instruction on these CPUs; f32 weights are never repacked.
+    targets = {"f32": ggufs.same_precision, "Q4_1 (shipped)": ggufs.shipped}
+    print(
+        f"\n## {config_path}: {len(prompts)} held-out prompts, {config.eval.max_new_tokens} new tokens, "
+        f"{args.rounds} rounds, greedy\n"
+    )
+    print("| target | drafter | configuration | τ | tok/s | speed-up | lossless |")
+    print("|---|---|---|---|---|---|---|")
+    costs = {}
+    for target_name, target in targets.items():
+        v = verification_ms(llamacpp, target, ["--no-repack"], prompts[0].input_ids, work)
+        section = measure(config, llamacpp, target, servers, prompts, work, ("--no-repack",))
+        plain = section["plain"]["tokens_per_s"]
+        print(f"| {target_name} | — | plain | 1.00 | {plain:.1f} | 1.00× | reference |")
+        for name, m in section["methods"].items():
+            lossless = f"{m['lossless']['identical']}/{m['lossless']['checked']}"
+            print(
+                f"| {target_name} | {name.split(' ')[1].rstrip(',') if name.startswith('eagle3') else '—'} | {name} "
+                f"| {m['tau']:.2f} | {m['tokens_per_s']:.1f} | {m['speedup']:.2f}× | {lossless} |"
             )
-        print(
-            "\n| target | plain step ms | V(2) / V(3) / V(4) ms | drafter | D ms | break-even τ at n=1 / 2 / 3 "
-            "| measured τ at n=1 / 2 / 3 |"
+        steps = {key: section["methods"][_name(*key)] for key in product(PRECISIONS, DRAFT_LENGTHS)}
+        costs[target_name] = (
+            1000 / plain,
+            v,
+            {k: (m["tau"] / m["tokens_per_s"] * 1000, m["tau"]) for k, m in steps.items()},
         )
-        print("|---|---|---|---|---|---|---|")
-        for target_name, (plain_step, v, steps) in costs.items():
-            for precision in PRECISIONS:
-                d = statistics.median((steps[(precision, n)][0] - v[n + 1]) / n for n in DRAFT_LENGTHS)
-                even = " / ".join(f"{steps[(precision, n)][0] / plain_step:.2f}" for n in DRAFT_LENGTHS)
-                taus = " / ".join(f"{steps[(precision, n)][1]:.2f}" for n in DRAFT_LENGTHS)
-                verify = " / ".join(f"{v[k]:.1f}" for k in (2, 3, 4))
-                print(f"| {target_name} | {plain_step:.1f} | {verify} | {precision} | {d:.1f} | {even} | {taus} |")
+    print(
+        "\n| target | plain step ms | V(2) / V(3) / V(4) ms | drafter | D ms | break-even τ at n=1 / 2 / 3 "
+        "| measured τ at n=1 / 2 / 3 |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for target_name, (plain_step, v, steps) in costs.items():
+        for precision in PRECISIONS:
+            d = statistics.median((steps[(precision, n)][0] - v[n + 1]) / n for n in DRAFT_LENGTHS)
+            even = " / ".join(f"{steps[(precision, n)][0] / plain_step:.2f}" for n in DRAFT_LENGTHS)
+            taus = " / ".join(f"{steps[(precision, n)][1]:.2f}" for n in DRAFT_LENGTHS)
+            verify = " / ".join(f"{v[k]:.1f}" for k in (2, 3, 4))
+            print(f"| {target_name} | {plain_step:.1f} | {verify} | {precision} | {d:.1f} | {even} | {taus} |")
 
 
 def _name(precision: str, n: int) -> str:
