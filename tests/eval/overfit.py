@@ -7,6 +7,8 @@ target's argmax at every TTT step) with the drafter's training unroll.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 
@@ -14,6 +16,7 @@ from eyas.config import TrainConfig
 from eyas.drafter.model import Eagle3Drafter
 from eyas.drafter.spec import spec_for_target
 from eyas.target.capture import capture, default_aux_layers, num_decoder_layers
+from tests.conftest import write_jsonl
 
 TEXTS = ("What is the capital of France?", "Name three primary colors.", "Why is the sky blue?")
 OVERFIT_NEW = 16
@@ -72,3 +75,17 @@ def distinct_layers_target(vocab_size: int, **config):
         **config,
     )
     return LlamaForCausalLM(llama).eval().requires_grad_(False)
+
+
+def engine_eval_config(root: Path, drafter: Eagle3Drafter, eval_settings: str) -> Path:
+    """A run that evaluates ``drafter`` (saved under ``root``) on :data:`TEXTS` in another engine:
+    ``eval_settings`` are the flow-mapping keys that name the engine and its own settings."""
+    drafter.save(root / "draft")
+    write_jsonl(root / "prompts.jsonl", [{"prompt": t} for t in TEXTS])
+    (root / "run.yaml").write_text(
+        "run_dir: run\n"
+        "target: {model: embedded, device: cpu}\n"
+        f"eval: {{{eval_settings}, num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl,"
+        " draft: draft, broken_control: false}\n"
+    )
+    return root / "run.yaml"

@@ -13,11 +13,10 @@ import torch
 from eyas.config import TargetConfig, load_config, parse_config
 from eyas.paths import RunPaths
 from eyas.target.llamacpp import LlamaServer, convert, find_llamacpp, target_ggufs
-from tests.conftest import write_jsonl
 from tests.servers import served
 from tests.train.conftest import load_tiny
 
-from .overfit import OVERFIT_NEW, TEXTS, distinct_layers_target, overfit_drafter
+from .overfit import OVERFIT_NEW, TEXTS, distinct_layers_target, engine_eval_config, overfit_drafter
 from .test_eagle import _misnumbered_copy
 
 pytestmark = pytest.mark.slow
@@ -58,15 +57,8 @@ def test_the_gguf_export_serves_as_its_readme_says_with_the_targets_greedy_outpu
 def test_eval_in_llamacpp_measures_speed_and_agrees_with_eyas(overfit, tmp_path):
     from eyas import eval as stage
 
-    overfit[3].save(tmp_path / "draft")
-    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": t} for t in TEXTS])
-    (tmp_path / "run.yaml").write_text(
-        "run_dir: run\n"
-        "target: {model: embedded, device: cpu}\n"
-        f"eval: {{engine: llamacpp, llamacpp_repeats: 2, num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW},"
-        " prompts: prompts.jsonl, draft: draft, broken_control: false}\n"
-    )
-    report = stage.run(load_config(tmp_path / "run.yaml"), quiet=True)
+    config = engine_eval_config(tmp_path, overfit[3], "engine: llamacpp, llamacpp_repeats: 2")
+    report = stage.run(load_config(config), quiet=True)
     section = report["llamacpp"]
     assert list(section["methods"]) == ["eagle3, n=1", "eagle3, n=2", "eagle3, n=3", "ngram-mod", "ngram-simple"]
     assert len(section["plain"]["tokens_per_s_rounds"]) == 2 and section["plain"]["tokens_per_s"] > 0

@@ -20,7 +20,7 @@ from tests.servers import served
 from tests.train.conftest import subprocess_env
 from tests.vllm_stand_ins import EVAL, stand_in
 
-from .overfit import OVERFIT_NEW, TEXTS
+from .overfit import OVERFIT_NEW, TEXTS, engine_eval_config
 
 
 def eyas_eval(*args) -> subprocess.CompletedProcess:
@@ -38,15 +38,7 @@ def eyas_eval(*args) -> subprocess.CompletedProcess:
 def vllm_run(tmp_path_factory, overfit):
     vllm_or_skip()
     root = tmp_path_factory.mktemp("vllmrun")
-    overfit[3].save(root / "draft")
-    write_jsonl(root / "prompts.jsonl", [{"prompt": t} for t in TEXTS])
-    (root / "run.yaml").write_text(
-        "run_dir: run\n"
-        "target: {model: embedded, device: cpu}\n"
-        f"eval: {{engine: vllm, num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl,"
-        " draft: draft, broken_control: false}\n"
-    )
-    done = eyas_eval(root / "run.yaml", "-q")
+    done = eyas_eval(engine_eval_config(root, overfit[3], "engine: vllm"), "-q")
     return root, done
 
 
