@@ -376,6 +376,8 @@ class EvalConfig(Section):
     """`vllm`: also serve the vLLM export in vLLM itself and check its τ, passes and outputs against eyas's. `llamacpp`: also serve the GGUF export in llama-server and measure its decode speed beside plain decoding and llama.cpp's n-gram speculation."""
     llamacpp_repeats: int = Field(default=3, ge=1)
     """engine llamacpp: rounds over every prompt and configuration; the report gives each configuration's median tokens/s."""
+    llamacpp_tie_margin: float = Field(default=0.01, ge=0.0)
+    """engine llamacpp: an output that first departs from plain decoding where plain's top two logits were within this many nats is reported as a float tie, not a failure (llama.cpp verifies drafts in batched kernels that round otherwise than its one-token decoding)."""
     in_process: bool = True
     """Run eyas's own eval with the target loaded here (one device). false, with engine vllm, for targets larger than one GPU: vLLM alone measures τ, with plain decoding in vLLM as baseline and lossless reference."""
     tensor_parallel_size: int = Field(default=1, ge=1)

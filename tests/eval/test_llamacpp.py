@@ -63,7 +63,7 @@ def test_eval_in_llamacpp_measures_speed_and_agrees_with_eyas(overfit, tmp_path)
     assert list(section["methods"]) == ["eagle3, n=1", "eagle3, n=2", "eagle3, n=3", "ngram-mod", "ngram-simple"]
     assert len(section["plain"]["tokens_per_s_rounds"]) == 2 and section["plain"]["tokens_per_s"] > 0
     for name, m in section["methods"].items():
-        assert m["lossless"] == {"checked": 3, "identical": 3, "mismatched": []}, name
+        assert m["lossless"] == {"checked": 3, "identical": 3, "float_ties": [], "mismatched": []}, name
         assert m["speedup"] == pytest.approx(m["tokens_per_s"] / section["plain"]["tokens_per_s"])
     # The same drafter at the same draft length accepts what it accepts in eyas's own decoder, but
     # for each prompt's last round, whose drafts llama.cpp counts past n_predict (as vLLM does: at
@@ -74,6 +74,18 @@ def test_eval_in_llamacpp_measures_speed_and_agrees_with_eyas(overfit, tmp_path)
     assert section["best_draft"] in section["methods"] and (tmp_path / "run" / "eval" / "acceptance.png").is_file()
     again = stage.run(load_config(tmp_path / "run.yaml"), quiet=True)
     assert again["llamacpp"]["plain"] == section["plain"], "a rerun reads the measured figures back"
+
+
+def test_plain_decoding_reports_its_top_two_tokens_for_the_tie_check(llamacpp, tokenizer, tmp_path):
+    """The lossless check reads llama.cpp's top two log-probabilities at every decoded token; greedy,
+    the first of them is the token decoded, and the second is no more likely."""
+    target = target_ggufs(TargetConfig(), llamacpp, "f32").same_precision
+    prompt = tokenizer("The capital of France is")["input_ids"]
+    with LlamaServer(llamacpp, ["-m", str(target), "--no-warmup"], tmp_path / "plain.log", 120, 2) as server:
+        answer = server.complete(prompt, 8, n_probs=2)
+    top2 = [t["top_logprobs"] for t in answer["completion_probabilities"]]
+    assert [t[0]["id"] for t in top2] == answer["tokens"] and len(top2) == 8
+    assert all(len(t) == 2 and t[0]["logprob"] >= t[1]["logprob"] for t in top2)
 
 
 def test_an_export_read_with_shifted_layer_ids_loses_acceptance_in_llamacpp(llamacpp, tokenizer, tmp_path):

@@ -196,7 +196,7 @@ def _in_llamacpp(config: RunConfig, dtype: str, drafter_dir: Path, prompts: list
         "draft": file_digest(draft),
         "target": ggufs.same_precision.name,
         "prompts": [_prompt_digest(p) for p in prompts],
-        "settings": [cfg.num_draft_tokens, cfg.max_new_tokens, cfg.llamacpp_repeats],
+        "settings": [cfg.num_draft_tokens, cfg.max_new_tokens, cfg.llamacpp_repeats, cfg.llamacpp_tie_margin],
     }
     cached = paths.eval_dir / f"llamacpp-{content_hash(request)}.json"
     if not cached.is_file():

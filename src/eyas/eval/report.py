@@ -157,9 +157,23 @@ def llamacpp_table(section: dict) -> Table:
     t.add_row(PLAIN, "1.00", f"{section['plain']['tokens_per_s']:.1f}", "1.00×", "reference")
     for name, m in section["methods"].items():
         best = " (best draft)" if name == section["best_draft"] else ""
-        lossless = f"{m['lossless']['identical']}/{m['lossless']['checked']}"
-        t.add_row(name + best, f"{m['tau']:.2f}", f"{m['tokens_per_s']:.1f}", f"{m['speedup']:.2f}×", lossless)
+        t.add_row(
+            name + best,
+            f"{m['tau']:.2f}",
+            f"{m['tokens_per_s']:.1f}",
+            f"{m['speedup']:.2f}×",
+            _llamacpp_lossless(m["lossless"]),
+        )
     return t
+
+
+def _llamacpp_lossless(check: dict) -> str:
+    """``identical/checked``, and how many more departed only at a float tie (the largest margin)."""
+    cell = f"{check['identical']}/{check['checked']}"
+    ties = check.get("float_ties", [])
+    if ties:
+        cell += f" +{len(ties)} at ties ≤ {max(t['margin'] for t in ties):.4f}"
+    return cell
 
 
 def llamacpp_summary(section: dict) -> str:

@@ -145,10 +145,12 @@ class LlamaServer:
             f"{self.log_path}:\n{log_tail(self.log_path)}"
         )
 
-    def complete(self, prompt: list[int], max_tokens: int, cache_prompt: bool = False) -> dict:
+    def complete(self, prompt: list[int], max_tokens: int, cache_prompt: bool = False, n_probs: int = 0) -> dict:
         """Greedy decoding of ``max_tokens`` at most after the token ids ``prompt``, the prompt
         processed anew unless ``cache_prompt`` (then only what the last request did not share):
-        llama.cpp's answer, with ``tokens`` and ``timings``."""
+        llama.cpp's answer, with ``tokens`` and ``timings``; with ``n_probs``, also each decoded
+        token's ``n_probs`` most likely tokens before sampling (``completion_probabilities``, each
+        with ``top_logprobs``: ``id`` and ``logprob``)."""
         request = {
             "prompt": prompt,
             "n_predict": max_tokens,
@@ -156,6 +158,7 @@ class LlamaServer:
             "top_k": 1,
             "cache_prompt": cache_prompt,
             "return_tokens": True,
+            "n_probs": n_probs,
         }
         body = json.dumps(request).encode()
         http = urllib.request.Request(self.url + "/completion", body, {"Content-Type": "application/json"})
