@@ -1,10 +1,10 @@
 """The package layout is the pipeline: a stage reaches earlier stages only through their readers.
 
 Stages import the ground floor (config, paths, records, files, stage, console, jsonl,
-tensorfile), the shared ``target`` and ``drafter`` packages, and the modules through which
-earlier stages hand over their records (``READERS``) — never another stage's internals, and
-never a later stage. ``target`` and ``drafter`` import no stage at all; the ground floor imports
-neither a stage nor ``target`` or ``drafter``. Only the top — ``cli``, ``pipeline``, ``demo`` —
+tensorfile), the shared ``target``, ``drafter`` and ``speculate`` packages, and the modules
+through which earlier stages hand over their records (``READERS``) — never another stage's
+internals, and never a later stage. The shared packages import no stage at all; the ground
+floor imports neither a stage nor a shared package. Only the top — ``cli``, ``pipeline``, ``demo`` —
 sees every stage. Every import counts, including those inside functions.
 """
 
@@ -23,7 +23,10 @@ READERS = {
 }
 """Each stage's public way to read what it produced (tokenize's Parquet is read through merge;
 merge's ``stats.json`` and its length histogram through ``merge.stats``)."""
-SHARED = ("target", "drafter")
+SHARED = ("target", "drafter", "speculate")
+SHARED_USES = {"drafter": {"target"}, "speculate": {"target", "drafter"}}
+"""The shared packages built on others: the drafter on the target's sizes and layers, speculative
+decoding on both."""
 TOP = ("cli", "pipeline", "demo", "__main__")
 """Top-level modules that assemble the stages; every other top-level module is the ground floor."""
 
@@ -47,7 +50,7 @@ def allowed(package: str, name: str) -> bool:
     other = owner(name)
     if other is None or other == package or (package in STAGES and other in SHARED):
         return True
-    if package == "drafter" and other == "target":  # the drafter is built on the target's sizes and layers
+    if other in SHARED_USES.get(package, ()):
         return True
     earlier = package in STAGES and other in STAGES and STAGES.index(other) < STAGES.index(package)
     # `from eyas.merge.reader import iter_split` names the reader and one of its members.

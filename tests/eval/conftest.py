@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eyas.eval.decode import TargetRunner, greedy_decode
+from eyas.speculate.decode import TargetRunner, greedy_decode
 
 from .overfit import OVERFIT_NEW, TEXTS, overfit_drafter
 

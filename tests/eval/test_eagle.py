@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eyas.eval.decode import TargetRunner, speculative_decode
-from eyas.eval.eagle import BROKEN_ORDER, EagleProposer
-from eyas.eval.lookup import PromptLookup
+from eyas.speculate.decode import TargetRunner, speculative_decode
+from eyas.speculate.eagle import BROKEN_ORDER, EagleProposer
+from eyas.speculate.lookup import PromptLookup
 
 from .overfit import OVERFIT_NEW as MAX_NEW
 
@@ -75,7 +75,7 @@ def test_an_export_read_with_shifted_layer_ids_loses_acceptance(tmp_path):
     prompts barely notices (the demo drafter lost 1.51 -> 1.45); a small target whose layers each
     move the residual stream a lot (init std 1.0) makes the loss plain, as on large targets."""
     from eyas.drafter.model import Eagle3Drafter
-    from eyas.eval.decode import greedy_decode
+    from eyas.speculate.decode import greedy_decode
 
     from .overfit import distinct_layers_target, overfit_drafter
 

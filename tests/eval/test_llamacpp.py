@@ -92,7 +92,7 @@ def test_an_export_read_with_shifted_layer_ids_loses_acceptance_in_llamacpp(llam
     """llama.cpp reads the top-level ids as the input of each layer, as vLLM does: the same weights
     with the ids one lower (the numbering eyas wrote before the fix) must accept less. A small
     target whose layers each move the residual stream a lot (init std 1.0) makes the loss plain."""
-    from eyas.eval.decode import TargetRunner, greedy_decode
+    from eyas.speculate.decode import TargetRunner, greedy_decode
 
     target = distinct_layers_target(
         len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id

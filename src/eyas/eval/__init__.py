@@ -38,9 +38,7 @@ import torch
 
 from eyas.config import ConfigError, RunConfig
 from eyas.console import console, progress
-from eyas.eval.decode import TargetRunner, greedy_decode, speculative_decode
-from eyas.eval.eagle import BROKEN_ORDER, EagleProposer, load_drafter
-from eyas.eval.lookup import PromptLookup
+from eyas.eval.eagle import load_drafter
 from eyas.eval.plot import plot_acceptance
 from eyas.eval.prompts import EvalPrompt, load_eval_prompts
 from eyas.eval.report import (
@@ -60,6 +58,9 @@ from eyas.files import write_json_atomic
 from eyas.jsonl import DurableAppender, read_jsonl, recover
 from eyas.paths import RunPaths
 from eyas.records import content_hash
+from eyas.speculate.decode import TargetRunner, greedy_decode, speculative_decode
+from eyas.speculate.eagle import BROKEN_ORDER, EagleProposer
+from eyas.speculate.lookup import PromptLookup
 from eyas.stage import StageContract, StageRun, begin, file_digest, flat
 
 log = logging.getLogger(__name__)

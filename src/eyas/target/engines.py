@@ -5,7 +5,7 @@ settings (:mod:`eyas.target.settings`), and get the same interface from either:
 :func:`open_generator` samples answers (``generate``) and :func:`open_prefill` captures the
 aux and final states of whole samples (``extract``).
 Speculative decoding in vLLM is :func:`eyas.target.vllm_engine.speculative_decode`; eyas's
-own runs on the transformers model (:mod:`eyas.eval.decode`). Only this module maps engine
+own runs on the transformers model (:mod:`eyas.speculate.decode`). Only this module maps engine
 names to classes, so another engine is added here and the stages do not change.
 """
 

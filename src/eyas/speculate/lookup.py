@@ -12,7 +12,7 @@ import torch
 
 
 class PromptLookup:
-    """Implements the :class:`~eyas.eval.decode.Proposer` protocol from token history alone."""
+    """Implements the :class:`~eyas.speculate.decode.Proposer` protocol from token history alone."""
 
     name = "prompt_lookup"
     aux_layers = None

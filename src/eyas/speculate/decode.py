@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from eyas.eval.sampling import sample_token, target_probs, verify_greedy, verify_sampled
+from eyas.speculate.sampling import sample_token, target_probs, verify_greedy, verify_sampled
 from eyas.target.capture import AuxHooks
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eyas.eval.decode import TargetRunner, greedy_decode, speculative_decode
-from eyas.eval.lookup import PromptLookup
+from eyas.speculate.decode import TargetRunner, greedy_decode, speculative_decode
+from eyas.speculate.lookup import PromptLookup
 from eyas.target import end_of_turn_id
 from eyas.target.capture import capture, default_aux_layers, num_decoder_layers
 

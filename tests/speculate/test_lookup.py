@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eyas.eval.lookup import PromptLookup
+from eyas.speculate.lookup import PromptLookup
 
 
 def test_proposes_the_continuation_of_the_longest_recent_match():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from eyas.eval.sampling import verify_greedy, verify_sampled
+from eyas.speculate.sampling import verify_greedy, verify_sampled
 
 
 def test_greedy_accepts_the_matching_prefix_and_adds_the_target_token():
