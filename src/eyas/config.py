@@ -355,6 +355,12 @@ class TrainConfig(Section):
     """Online mode: keep each sample's hidden states in memory once computed, so later epochs skip the target (small corpora: 16·H bytes per token)."""
     eval_with_target: bool | None = None
     """Evaluate on the eval split, running the target here for its states; default on online, off offline (a target too big to co-locate)."""
+    tau_prompts: int = Field(default=8, ge=0)
+    """Held-out prompts (the first of the merge's eval split) the drafter decodes with the target every `eval_every` steps and at the end, greedy, to measure τ; train/final is the drafter with the best τ (needs the target here: online, or eval_with_target). 0: train/final is the last step."""
+    tau_draft_tokens: int = Field(default=3, ge=1, le=8)
+    """Draft tokens per verification pass when measuring that τ: the length you will serve with."""
+    tau_new_tokens: int = Field(default=64, ge=1)
+    """Tokens decoded per prompt when measuring that τ."""
     seed: int = 0
     """Initialisation and data-order seed."""
     parallel: Literal["ddp", "fsdp"] = "ddp"

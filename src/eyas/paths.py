@@ -125,6 +125,15 @@ class RunPaths:
         return self.train_dir / "metrics.jsonl"
 
     @property
+    def train_best(self) -> Path:
+        """The drafter with the best τ measured during training (see :mod:`eyas.train.tau`)."""
+        return self.train_dir / "best"
+
+    @property
+    def train_plot(self) -> Path:
+        return self.train_dir / "training.png"
+
+    @property
     def train_final(self) -> Path:
         """The finished drafter (SGLang layout), what export and eval read."""
         return self.train_dir / "final"

@@ -49,6 +49,7 @@ def tiny_config(run_dir: Path, mode: str = "online", **train) -> dict:
         "max_seq_len": 64,
         "checkpoint_every": 100,
         "eval_every": 100,
+        "tau_new_tokens": 16,
         **train,
     }
     return {"run_dir": str(run_dir), "target": {"device": "cpu"}, "extract": {"mode": mode}, "train": settings}

@@ -145,7 +145,7 @@ def eval_paths(config: RunConfig, name: str | None) -> RunPaths:
 def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict:
     """Evaluate and return the report (also written to ``eval/report.json``, or
     ``eval/<name>/report.json`` for an evaluation with overrides, see :func:`with_overrides`)."""
-    from eyas.target import end_of_turn_id, load_tokenizer
+    from eyas.target import load_tokenizer, stop_token_ids
 
     paths = eval_paths(config, name)
     cfg = config.eval
@@ -158,7 +158,7 @@ def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict
     drafter_dir = draft_dir(config)
     tokenizer = load_tokenizer(config.target)
     eval_prompts = load_eval_prompts(config, tokenizer)
-    stop_ids = {end_of_turn_id(tokenizer)} | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+    stop_ids = stop_token_ids(tokenizer)
     if not cfg.in_process:
         from eyas.eval.vllm_engine import run_in_vllm_only
 

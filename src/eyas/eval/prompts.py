@@ -1,8 +1,9 @@
 """The prompts eval decodes: the merge's held-out split, or any prompt file stage 1 reads.
 
-A held-out row's prompt is its tokens before the first trainable one (loss mask 1), so eval
-feeds the target exactly the ids the drafter would see in training, template included. A
-prompt file is rendered with the target's chat template and the generation prompt.
+A held-out row's prompt is its tokens before the first trainable one
+(:func:`eyas.merge.reader.held_out_prompts`), so eval feeds the target exactly the ids the
+drafter would see in training, template included. A prompt file is rendered with the target's
+chat template and the generation prompt.
 """
 
 from __future__ import annotations
@@ -37,18 +38,9 @@ def load_eval_prompts(config: RunConfig, tokenizer) -> list[EvalPrompt]:
 
 
 def _from_split(config: RunConfig) -> list[EvalPrompt]:
-    from eyas.merge.reader import iter_split
+    from eyas.merge.reader import held_out_prompts
 
-    limit = config.eval.max_prompts
-    prompts: list[EvalPrompt] = []
-    for row in iter_split(RunPaths.of(config), "eval", columns=["id", "dataset", "input_ids", "loss_mask"]):
-        if limit is not None and len(prompts) >= limit:
-            break
-        mask = row["loss_mask"]
-        if 1 not in mask or mask.index(1) == 0:
-            continue
-        prompts.append(EvalPrompt(row["id"], row["dataset"], list(row["input_ids"][: mask.index(1)])))
-    return prompts
+    return [EvalPrompt(*row) for row in held_out_prompts(RunPaths.of(config), config.eval.max_prompts)]
 
 
 def _from_file(path: Path, tokenizer, limit: int | None) -> list[EvalPrompt]:

@@ -70,3 +70,18 @@ def read_rows(paths: RunPaths, split: str, start: int, stop: int, columns: list[
     if len(rows) != max(stop - start, 0):
         raise ValueError(f"{paths.merge_dir}: {split} has no rows {start}:{stop} (has {offset})")
     return rows
+
+
+def held_out_prompts(paths: RunPaths, limit: int | None) -> Iterator[tuple[str, str, list[int]]]:
+    """(id, dataset, prompt ids) of the first ``limit`` eval-split rows that have a prompt and an
+    answer: a row's prompt is its tokens before the first trainable one (loss mask 1), the ids
+    the drafter sees in training, template included."""
+    found = 0
+    for row in iter_split(paths, "eval", columns=["id", "dataset", "input_ids", "loss_mask"]):
+        if limit is not None and found >= limit:
+            return
+        mask = row["loss_mask"]
+        if 1 not in mask or mask.index(1) == 0:
+            continue
+        found += 1
+        yield row["id"], row["dataset"], list(row["input_ids"][: mask.index(1)])

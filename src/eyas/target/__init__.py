@@ -309,3 +309,8 @@ def end_of_turn_id(tokenizer: PreTrainedTokenizerBase) -> int:
     if tokenizer.eos_token_id is None:
         raise ConfigError("target: the tokenizer defines no end-of-turn or eos token")
     return tokenizer.eos_token_id
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
+    """Ids that end decoding: the end of the assistant turn, and eos."""
+    return {end_of_turn_id(tokenizer)} | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())

@@ -7,8 +7,11 @@ extracted shards (``offline``: ``<run_dir>/hidden``).
 Produces under ``<run_dir>/train/``: ``vocab.safetensors`` (the draft vocabulary, reused on
 resume), ``checkpoints/step-N/`` (the two newest), ``metrics.jsonl`` (per step: loss,
 per-step top-1 accuracy, simulated acceptance length, lr, tokens/s; per evaluation on the
-eval split: the same), and ``final/`` — the trained drafter in the SGLang/vLLM layout,
-loadable with :meth:`eyas.drafter.model.Eagle3Drafter.load`.
+eval split: the same, and τ measured by speculative decoding on held-out prompts), ``best/``
+(the drafter with the best measured τ so far, :mod:`eyas.train.tau`), ``training.png`` (loss,
+accuracy and τ against steps) and ``final/`` — the drafter with the best measured τ (the last
+step's when τ is not measured) in the SGLang/vLLM layout, loadable with
+:meth:`eyas.drafter.model.Eagle3Drafter.load`.
 
 Guarantees: an interrupted run continues from its newest checkpoint exactly as if it had
 never stopped (weights, optimizer, scheduler, RNG and data position); the same command
@@ -27,19 +30,31 @@ from eyas.stage import StageContract, flat
 SPEED_KEYS = {"checkpoint_every", "eval_every", "eval_with_target", "parallel", "cache_states"}
 """``train.*`` keys that change how the run is saved, reported, parallelised or fed, not the
 weights it ends with: checkpoints and evaluations draw no random numbers, DDP and FSDP compute
-the gradient of one process on the global batch, and cached states are the states computed."""
+the gradient of one process on the global batch, and cached states are the states computed.
+(The evaluation keys do choose the final drafter when it is the one with the best τ: see
+:func:`fingerprint`.)"""
 LENGTH_KEYS = ("train.max_steps", "train.epochs")
 """Raising these continues a finished run from its newest checkpoint (the learning-rate
 schedule is recomputed for the new length); lowering them retrains."""
 
 
+def selects_by_tau(config: RunConfig) -> bool:
+    """Whether ``train/final`` is the drafter with the best measured τ (:mod:`eyas.train.tau`),
+    which needs the target in this process, rather than the last step."""
+    with_target = config.extract.mode == "online" or bool(config.train.eval_with_target)
+    return config.train.tau_prompts > 0 and with_target
+
+
 def fingerprint(config: RunConfig) -> dict:
     """Every hyperparameter, and where the states come from: offline, extract's marker names the
-    target and layers; online, this stage runs the target itself."""
+    target and layers; online, this stage runs the target itself. When the final drafter is the
+    one with the best τ, which steps are measured decides it too."""
     keys = {
         **flat("train", config.train.model_dump(mode="json", exclude=SPEED_KEYS)),
         "extract.mode": config.extract.mode,
     }
+    if selects_by_tau(config):
+        keys |= {"train.eval_every": config.train.eval_every, "train.eval_with_target": config.train.eval_with_target}
     if config.extract.mode == "online":
         from eyas.target import aux_layers, served_identity
 

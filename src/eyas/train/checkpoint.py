@@ -23,7 +23,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import load_file
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 
 from eyas.drafter.layout import WEIGHTS_FILE, save_sglang
 from eyas.drafter.model import saved_only
@@ -64,6 +69,17 @@ def full_state(drafter, optimizer) -> tuple[dict[str, torch.Tensor], dict]:
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     weights, optim = get_state_dict(drafter, optimizer, options=options)
     return saved_only(weights), optim
+
+
+def full_weights(drafter) -> dict[str, torch.Tensor]:
+    """The saved weights alone as full CPU tensors (collective under FSDP)."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return saved_only(get_model_state_dict(drafter, options=options))
+
+
+def read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """The weights a checkpoint or :func:`write_drafter` wrote."""
+    return load_file(str(directory / WEIGHTS_FILE))
 
 
 def write_drafter(weights: dict[str, torch.Tensor], spec, out: Path, seal: Callable[[Path], object]) -> Path:
@@ -112,7 +128,7 @@ def restore(path: Path, drafter, optimizer, scheduler, made: dict) -> int:
         changes = "; ".join(differences(saved, made)) if saved else "made by an older eyas"
         raise StageError(f"{path}: made with other data or settings ({changes}); run `eyas train CONFIG --redo`")
     state = torch.load(path / STATE_FILE, weights_only=False)
-    weights = load_file(str(path / WEIGHTS_FILE))
+    weights = read_weights(path)
     drafter.check_weights(weights, str(path))
     set_state_dict(
         drafter,

@@ -10,6 +10,7 @@ on CPU.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import shutil
@@ -27,7 +28,7 @@ from eyas.drafter.vocab import build_vocab, count_answer_tokens, draft_vocab_siz
 from eyas.files import recover_dir, replace_dir
 from eyas.paths import MARKER, RunPaths
 from eyas.stage import StageError, StageRun, StageState, begin, check, differences, digest, read_marker
-from eyas.target import load_model
+from eyas.target import load_model, load_tokenizer, stop_token_ids
 from eyas.target.capture import check_aux_layers, num_decoder_layers
 from eyas.target.heads import TargetParts, from_files, from_model
 from eyas.train import CONTRACT, LENGTH_KEYS, checkpoint
@@ -35,6 +36,8 @@ from eyas.train.data import OfflineSource, OnlineSource, Schedule, check_sizes, 
 from eyas.train.distributed import World
 from eyas.train.evaluate import TargetHead, batch_stats, evaluate, summarize, totals
 from eyas.train.metrics import MetricsLog
+from eyas.train.plot import plot_training
+from eyas.train.tau import BEST_FILE, HeldOutDecoding, forget_later_than, unsharded_copy
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +128,22 @@ def build_eval_source(
     return None
 
 
+def build_held_out_decoding(config: RunConfig, paths: RunPaths, model) -> HeldOutDecoding | None:
+    """The prompts τ is measured on during training, or None (with the reason when it was asked for)."""
+    from eyas.merge.reader import held_out_prompts
+
+    cfg = config.train
+    if cfg.tau_prompts == 0:
+        return None
+    prompts = [ids for _, _, ids in held_out_prompts(paths, cfg.tau_prompts)] if model is not None else []
+    if not prompts:
+        why = "the eval split has no prompts" if model is not None else "offline mode without train.eval_with_target"
+        log.warning("no τ measured during training (%s): train/final is the last step", why)
+        return None
+    stop = stop_token_ids(load_tokenizer(config.target))
+    return HeldOutDecoding(model, prompts, cfg.tau_draft_tokens, cfg.tau_new_tokens, stop)
+
+
 def autocast_for(device: torch.device):
     if device.type == "cuda":
         return lambda: torch.autocast("cuda", dtype=torch.bfloat16)
@@ -160,6 +179,8 @@ class Trainer:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     source: OnlineSource | OfflineSource
     eval_source: OnlineSource | None
+    held_out: HeldOutDecoding | None
+    """What τ is measured on during training (None: not measured; final is the last step)."""
     schedule: Schedule
     head: TargetHead
     total: int
@@ -172,6 +193,8 @@ class Trainer:
     """Opened by :func:`resume`."""
     step: int = 0
     last_eval: dict | None = None
+    best: dict | None = None
+    """Rank 0: step and τ of the drafter in ``train/best/``."""
 
 
 def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -> Trainer:
@@ -182,6 +205,7 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
     model, parts = load_target(config, world)
     source, aux_layers = build_source(config, paths, model, world, started)
     eval_source = build_eval_source(config, paths, model, aux_layers, world)
+    held_out = build_held_out_decoding(config, paths, model)
     d2t, t2d = prepare_vocab(config, paths, parts.config.vocab_size, world)
     spec = spec_for_target(parts.config, cfg, aux_layers, d2t.shape[0])
 
@@ -208,6 +232,7 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
         scheduler=scheduler,
         source=source,
         eval_source=eval_source,
+        held_out=held_out,
         schedule=schedule,
         head=TargetHead(parts.lm_head, used, t2d.to(world.device)),
         total=total,
@@ -229,6 +254,8 @@ def resume(trainer: Trainer) -> None:
         log.info("resuming from %s (step %d of %d)", path, trainer.step, trainer.total)
     trainer.metrics = MetricsLog(trainer.paths.train_metrics, trainer.world.is_main)
     trainer.metrics.truncate_after(trainer.step)
+    if trainer.world.is_main:
+        trainer.best = forget_later_than(trainer.paths.train_best, trainer.step)
 
 
 def train_step(trainer: Trainer) -> dict:
@@ -271,7 +298,13 @@ def train_step(trainer: Trainer) -> dict:
 
 
 def run_eval(trainer: Trainer) -> None:
-    """Score the eval split at the current step, when there is one; kept as ``trainer.last_eval``."""
+    """Score the eval split at the current step, when there is one (kept as
+    ``trainer.last_eval``), and measure τ on held-out prompts."""
+    score_eval_split(trainer)
+    measure_tau(trainer)
+
+
+def score_eval_split(trainer: Trainer) -> None:
     if trainer.eval_source is None:
         return
     cfg = trainer.cfg
@@ -289,6 +322,35 @@ def run_eval(trainer: Trainer) -> None:
     accs = " ".join(f"{a:.3f}" for a in scores["acc"])
     length = scores["acceptance_length"]
     log.info("eval step %d: acc per step %s, simulated acceptance length %.3f", trainer.step, accs, length)
+
+
+def measure_tau(trainer: Trainer) -> None:
+    """τ of the drafter as it stands, into the metrics; kept in ``train/best/`` when no earlier
+    step measured higher. Every rank gathers the weights; rank 0 decodes and writes."""
+    if trainer.held_out is None:
+        return
+    weights = checkpoint.full_weights(trainer.drafter)
+    if trainer.world.is_main:
+        scores = trainer.held_out.measure(unsharded_copy(trainer.drafter, weights, trainer.held_out.model))
+        trainer.metrics.write({"split": "tau", "step": trainer.step, **scores})
+        per_position = " ".join(f"{a:.3f}" for a in scores["per_position"])
+        log.info(
+            "step %d: τ %.3f on %d held-out prompts (accepted per position %s)",
+            trainer.step,
+            scores["tau"],
+            scores["prompts"],
+            per_position,
+        )
+        if trainer.best is None or scores["tau"] > trainer.best["tau"]:
+            best = {"step": trainer.step, "tau": scores["tau"]}
+            checkpoint.write_drafter(
+                weights,
+                trainer.drafter.spec,
+                trainer.paths.train_best,
+                lambda d: (d / BEST_FILE).write_text(json.dumps(best)),
+            )
+            trainer.best = best
+    trainer.world.barrier()
 
 
 def save_checkpoint(trainer: Trainer) -> None:
@@ -310,11 +372,22 @@ def finish(trainer: Trainer, started: StageRun, resumed_at: int) -> dict:
     marker inside (one rename puts both in place): gathered on every rank (collective under
     FSDP), written by rank 0."""
     run_eval(trainer)
-    weights, _ = checkpoint.full_state(trainer.drafter, trainer.optimizer)
+    weights = checkpoint.full_weights(trainer.drafter)
     out = trainer.paths.train_final
     if trainer.world.is_main:
         facts = {"steps": trainer.step} | ({"continued_from_step": resumed_at} if resumed_at else {})
+        if trainer.best is not None:
+            weights = checkpoint.read_weights(trainer.paths.train_best)
+            facts |= {"selected_step": trainer.best["step"], "selected_tau": trainer.best["tau"]}
+            log.info(
+                "train/final is the drafter of step %d, with the best measured τ %.3f (of every %d steps and the last)",
+                trainer.best["step"],
+                trainer.best["tau"],
+                trainer.cfg.eval_every,
+            )
         checkpoint.write_drafter(weights, trainer.drafter.spec, out, lambda d: started.finish(d / MARKER, **facts))
+        selected = trainer.best["step"] if trainer.best is not None else None
+        plot_training(trainer.paths.train_metrics, trainer.paths.train_plot, selected)
     trainer.world.barrier()
     log.info("drafter written to %s", out)
     return {"step": trainer.step, "total_steps": trainer.total, "final": str(out), "eval": trainer.last_eval}
