@@ -38,11 +38,15 @@ LENGTH_KEYS = ("train.max_steps", "train.epochs")
 schedule is recomputed for the new length); lowering them retrains."""
 
 
+def runs_target(config: RunConfig) -> bool:
+    """Whether training loads the target model itself: online for the states, or to evaluate with it."""
+    return config.extract.mode != "offline" or bool(config.train.eval_with_target)
+
+
 def selects_by_tau(config: RunConfig) -> bool:
     """Whether ``train/final`` is the drafter with the best measured τ (:mod:`eyas.train.tau`),
     which needs the target in this process, rather than the last step."""
-    with_target = config.extract.mode == "online" or bool(config.train.eval_with_target)
-    return config.train.tau_prompts > 0 and with_target
+    return config.train.tau_prompts > 0 and runs_target(config)
 
 
 def fingerprint(config: RunConfig) -> dict:

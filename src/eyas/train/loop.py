@@ -31,7 +31,7 @@ from eyas.stage import StageError, StageRun, StageState, begin, check, differenc
 from eyas.target import load_model, load_tokenizer, stop_token_ids
 from eyas.target.capture import check_aux_layers, num_decoder_layers
 from eyas.target.heads import TargetParts, from_files, from_model
-from eyas.train import CONTRACT, LENGTH_KEYS, checkpoint
+from eyas.train import CONTRACT, LENGTH_KEYS, checkpoint, runs_target
 from eyas.train.data import OfflineSource, OnlineSource, Schedule, check_sizes, read_split
 from eyas.train.distributed import World
 from eyas.train.evaluate import TargetHead, batch_stats, evaluate, summarize, totals
@@ -91,7 +91,7 @@ def prepare_vocab(
 
 def load_target(config: RunConfig, world: World) -> tuple[object | None, TargetParts]:
     """The target model when this process runs it (online, or for evaluation), and its head parts."""
-    if config.extract.mode != "offline" or config.train.eval_with_target:
+    if runs_target(config):
         model = load_model(config.target, world.device)
         return model, from_model(model)
     return None, from_files(config.target, world.device)
@@ -372,7 +372,8 @@ def finish(trainer: Trainer, started: StageRun, resumed_at: int) -> dict:
     marker inside (one rename puts both in place): gathered on every rank (collective under
     FSDP), written by rank 0."""
     run_eval(trainer)
-    weights = checkpoint.full_weights(trainer.drafter)
+    # Measured, the drafter to write is the best one, on disk; else gather the last step's.
+    weights = checkpoint.full_weights(trainer.drafter) if trainer.held_out is None else None
     out = trainer.paths.train_final
     if trainer.world.is_main:
         facts = {"steps": trainer.step} | ({"continued_from_step": resumed_at} if resumed_at else {})

@@ -86,6 +86,4 @@ def forget_later_than(best_dir: Path, step: int) -> dict | None:
     if best is not None and best["step"] > step:
         shutil.rmtree(best_dir)
         return None
-    if best is None and best_dir.exists():
-        shutil.rmtree(best_dir)
     return best
