@@ -66,7 +66,9 @@ class DatasetConfig(Section):
     format: Literal["auto", "messages", "sharegpt", "prompt", "instruction"] = "auto"
     """Row format; `auto` detects it per row from the keys present."""
     multi_turn: Literal["last", "all"] = "last"
-    """`last`: regenerate only the final assistant turn. `all`: regenerate every assistant turn in order."""
+    """`last`: regenerate only the final assistant turn. `all`: regenerate every assistant turn in order. With `regenerate: false`, which of the rows' own assistant turns are trained on."""
+    regenerate: bool = True
+    """`false`: use the rows' own assistant turns as they are (serving logs, public chat sets) instead of the target's answers; no generation, while tokenize still rebuilds and checks their ids and extraction runs the target on them."""
     max_prompts: int | None = Field(default=None, ge=1)
     """Use at most this many prompts (after dedupe)."""
     output_token_target: int | None = Field(default=None, ge=1)
@@ -414,7 +416,7 @@ class RunConfig(Section):
     target: TargetConfig = TargetConfig()
     """The model whose outputs the drafter learns."""
     datasets: list[DatasetConfig] = []
-    """Prompt datasets to regenerate."""
+    """Prompt datasets to regenerate, or conversations to train on as they are."""
     generate: GenerateConfig = GenerateConfig()
     """Stage 2: regenerate responses."""
     tokenize: TokenizeConfig = TokenizeConfig()
@@ -435,6 +437,11 @@ class RunConfig(Section):
         if duplicates:
             raise ValueError(f"dataset names must be unique; repeated: {', '.join(duplicates)}")
         return self
+
+    @property
+    def regenerated(self) -> list[DatasetConfig]:
+        """The datasets whose answers the target writes (the rest are used as they are)."""
+        return [d for d in self.datasets if d.regenerate]
 
     def dataset(self, name: str) -> DatasetConfig:
         for d in self.datasets:

@@ -37,6 +37,9 @@ class PromptRecord:
     turn: int | None = None
     """With `multi_turn: all`: which assistant turn this is; earlier assistant turns are
     replaced by the model's own answers (records `<base id>#<j>`) at generation time."""
+    answer: Message | None = None
+    """The row's own assistant turn answering `messages`, for datasets used as they are
+    (`regenerate: false`); earlier turns then stay as the row has them."""
 
     @property
     def record_id(self) -> str:

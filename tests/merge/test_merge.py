@@ -10,7 +10,7 @@ import pytest
 from eyas import merge
 from eyas.config import ConfigError, RunConfig
 from eyas.merge.plan import base_prompt_id
-from eyas.merge.reader import iter_split, read_rows, split_files, split_lengths
+from eyas.merge.reader import held_out_prompts, iter_split, read_rows, split_files, split_lengths
 from eyas.merge.shuffle import Buckets
 from eyas.paths import RunPaths
 from eyas.records import TOKENIZED_COLUMNS
@@ -161,3 +161,16 @@ def test_cli_reports_a_missing_input_as_an_error_line_and_its_own_exit_code(tmp_
     assert result.returncode == StageError.EXIT_CODE and "Traceback" not in result.stderr
     message = result.stderr.replace("\n", "")  # rich wraps long lines
     assert message.startswith("error:") and "merge: its input from stage generate is missing" in message
+
+
+def test_held_out_prompts_take_each_dataset_in_turn(tmp_path, corpus_rows):
+    config, paths = make_run(tmp_path, corpus_rows, eval_fraction=0.5)
+    merge.run(config, quiet=True)
+    every = held_out_prompts(paths, None)
+    datasets = [d for _, d, _ in every]
+    assert len(every) == 8 and sorted(datasets[:2]) == ["chat", "math"]
+    assert all(a != b for a, b in zip(datasets, datasets[1:]))  # whichever came first, they alternate
+    assert [d for _, d, _ in held_out_prompts(paths, 3)] == datasets[:3]
+    source = {r["id"]: r for rows in corpus_rows.values() for r in rows}
+    for rid, _, prompt in every:
+        assert prompt == source[rid]["input_ids"][: source[rid]["loss_mask"].index(1)]

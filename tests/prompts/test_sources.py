@@ -108,3 +108,28 @@ def test_parquet_json_and_directory_sources_with_max_prompts(tmp_path):
     assert [p.messages[-1]["content"] for p in prompts] == ["p0", "p1", "p2", "do x", "do y"]
     capped, _ = load_prompts(dataset(folder, max_prompts=2))
     assert len(capped) == 2
+
+
+def test_a_dataset_used_as_it_is_carries_its_own_answers(tmp_path):
+    chat = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "Bye"},
+        {"role": "assistant", "content": [{"type": "text", "text": "See you."}]},
+    ]
+    rows = [{"id": "c", "messages": chat}, {"id": "open", "messages": chat[:3]}]
+    path = write_jsonl(tmp_path / "a.jsonl", rows)
+    last, stats = load_prompts(dataset(path, regenerate=False))
+    assert [(p.prompt_id, p.messages, p.answer) for p in last] == [("c", chat[:3], chat[3])]
+    assert stats.skipped == [(f"{path}:2", stats.skipped[0][1])]
+    assert "ends with a user turn, not an assistant answer" in stats.skipped[0][1]
+
+    every, _ = load_prompts(dataset(path, regenerate=False, multi_turn="all"))
+    assert (
+        [(p.prompt_id, p.turn, p.messages, p.answer) for p in every]
+        == [
+            ("c#0", 0, chat[:1], chat[1]),
+            ("c#1", 1, chat[:3], chat[3]),  # the row's own earlier answer stays in the conversation
+            ("open#0", 0, chat[:1], chat[1]),
+        ]
+    )

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from eyas.config import RunConfig
 from eyas.console import progress
+from eyas.generate.as_is import write_answers
 from eyas.generate.http.errors import RunStopped
 from eyas.generate.store import (
     RecordWriter,
@@ -75,6 +76,8 @@ def fingerprint(config: RunConfig) -> dict:
     keys = {setting_key(config, k): v for k, v in sampling_settings(config).items()}
     for d in config.datasets:
         prompts = {**d.model_dump(mode="json", include=PROMPT_KEYS), **source_identity(d)}
+        if not d.regenerate:  # named only when set, so runs made before the key existed stay current
+            prompts["regenerate"] = False
         keys |= flat(f"datasets[{d.name}]", prompts)
     return keys
 
@@ -106,12 +109,15 @@ def run(config: RunConfig, quiet: bool = False, redo: bool = False) -> None:
     paths = RunPaths.of(config)
     started = begin(config, CONTRACT, paths)
     _guard_settings(config, paths, redo)
+    for dataset in config.datasets:
+        if not dataset.regenerate:
+            write_answers(dataset, paths)
     try:
-        if config.generate.backend == "openai":
+        if config.regenerated and config.generate.backend == "openai":
             from eyas.generate.http import run_http
 
             run_http(config, paths, quiet)
-        else:
+        elif config.regenerated:
             _run_in_house(config, paths, quiet)
     except RunStopped as e:
         started.finish(paths.marker("generate"), config, paths, stopped=type(e).__name__)
@@ -160,7 +166,7 @@ def _run_in_house(config: RunConfig, paths: RunPaths, quiet: bool) -> None:
 def _generate_datasets(config: RunConfig, paths: RunPaths, quiet: bool, generator: BatchGenerator) -> None:
     from eyas.target.generation import Job, run_jobs, usage_of
 
-    for dataset in config.datasets:
+    for dataset in config.regenerated:
         state = scan(paths.generations(dataset.name))
         pending: list[PromptRecord] = [p for p in iter_prompts(dataset) if p.record_id not in state.done]
         if not pending:

@@ -8,6 +8,7 @@ with small row groups so a row range is read without decoding whole files.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,16 +73,15 @@ def read_rows(paths: RunPaths, split: str, start: int, stop: int, columns: list[
     return rows
 
 
-def held_out_prompts(paths: RunPaths, limit: int | None) -> Iterator[tuple[str, str, list[int]]]:
-    """(id, dataset, prompt ids) of the first ``limit`` eval-split rows that have a prompt and an
-    answer: a row's prompt is its tokens before the first trainable one (loss mask 1), the ids
-    the drafter sees in training, template included."""
-    found = 0
+def held_out_prompts(paths: RunPaths, limit: int | None) -> list[tuple[str, str, list[int]]]:
+    """(id, dataset, prompt ids) of at most ``limit`` eval-split rows that have a prompt and an
+    answer, taken from each source dataset in turn (in the split's order within each), so every
+    dataset is measured even when one dominates the split. A row's prompt is its tokens before
+    the first trainable one (loss mask 1), the ids the drafter sees in training, template included."""
+    per_dataset: dict[str, list[tuple[str, str, list[int]]]] = {}
     for row in iter_split(paths, "eval", columns=["id", "dataset", "input_ids", "loss_mask"]):
-        if limit is not None and found >= limit:
-            return
-        mask = row["loss_mask"]
-        if 1 not in mask or mask.index(1) == 0:
-            continue
-        found += 1
-        yield row["id"], row["dataset"], list(row["input_ids"][: mask.index(1)])
+        mask, rows = row["loss_mask"], per_dataset.setdefault(row["dataset"], [])
+        if 1 in mask and mask.index(1) > 0 and (limit is None or len(rows) < limit):
+            rows.append((row["id"], row["dataset"], list(row["input_ids"][: mask.index(1)])))
+    chosen = [row for turn in itertools.zip_longest(*per_dataset.values()) for row in turn if row is not None]
+    return chosen if limit is None else chosen[:limit]

@@ -87,6 +87,9 @@ def _turn_records(
 ) -> Iterator[PromptRecord]:
     if not any(m["role"] == "user" for m in messages):
         raise RowError("the conversation has no user turn")
+    if not dataset.regenerate:
+        yield from _answered_turns(dataset, base_id, messages, tools)
+        return
     if dataset.multi_turn == "last":
         if messages[-1]["role"] == "assistant":
             messages = messages[:-1]
@@ -103,3 +106,29 @@ def _turn_records(
             turn += 1
     if messages[-1]["role"] in ("user", "tool"):
         yield PromptRecord(f"{base_id}#{turn}", dataset.name, messages, tools, turn=turn)
+
+
+def _answered_turns(
+    dataset: DatasetConfig, base_id: str, messages: list[Message], tools: list | None
+) -> Iterator[PromptRecord]:
+    """A dataset used as it is: one record per assistant turn that answers a user or tool turn,
+    carrying that turn as its answer; `last` keeps only the final one, which must end the row."""
+    answered = [
+        i
+        for i, m in enumerate(messages)
+        if m["role"] == "assistant" and i > 0 and messages[i - 1]["role"] in ("user", "tool")
+    ]
+    if dataset.multi_turn == "last":
+        if messages[-1]["role"] != "assistant" or not answered or answered[-1] != len(messages) - 1:
+            raise RowError(
+                f"the conversation ends with a {messages[-1]['role']} turn, not an assistant answer to train on "
+                "(regenerate: false uses the rows' own answers)"
+            )
+        yield PromptRecord(base_id, dataset.name, messages[:-1], tools, answer=messages[-1])
+        return
+    if not answered:
+        raise RowError("no assistant turn answers a user turn (regenerate: false uses the rows' own answers)")
+    turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+    for i in answered:
+        turn = turns.index(i)
+        yield PromptRecord(f"{base_id}#{turn}", dataset.name, messages[:i], tools, turn=turn, answer=messages[i])

@@ -124,7 +124,7 @@ async def _run(config: RunConfig, paths: RunPaths, api_key: str | None, quiet: b
         ledger = Ledger(paths.ledger, g.http.budget_usd)
         datasets: list[DatasetRun] = []
         try:
-            for d in config.datasets:
+            for d in config.regenerated:
                 progress = scan(paths.generations(d.name))
                 pending = _count_pending(d, progress.done)
                 errors = ErrorLog(paths.generation_errors(d.name), progress.done)

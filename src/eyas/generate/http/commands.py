@@ -67,7 +67,7 @@ def plan_inputs(config: RunConfig) -> list[DatasetInputs]:
     paths = RunPaths.of(config)
     g = config.generate
     out = []
-    for d in config.datasets:
+    for d in config.regenerated:
         prompts, estimated = 0, 0
         for p in iter_prompts(d):
             prompts += 1
