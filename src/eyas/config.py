@@ -363,6 +363,8 @@ class TrainConfig(Section):
     """Draft tokens per verification pass when measuring that τ: the length you will serve with."""
     tau_new_tokens: int = Field(default=64, ge=1)
     """Tokens decoded per prompt when measuring that τ."""
+    init_from: str | None = None
+    """A drafter directory to start from instead of random weights: eyas's own (`train/final`, an export), SpecForge/SGLang or vLLM/speculators, for the same target and aux layers. The draft vocabulary is counted from this run's data; rows of ids both vocabularies hold are carried over."""
     seed: int = 0
     """Initialisation and data-order seed."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
@@ -503,6 +505,8 @@ def load_config(path: str | Path) -> RunConfig:
     if config.target.vllm_python is not None:
         # Absolute but not resolved: a virtual environment's python is a symlink that must stay one.
         config.target.vllm_python = os.path.abspath(base / Path(config.target.vllm_python).expanduser())
+    if config.train.init_from is not None:
+        config.train.init_from = str((base / Path(config.train.init_from).expanduser()).resolve())
     if config.target.llamacpp is not None:
         config.target.llamacpp = os.path.abspath(base / Path(config.target.llamacpp).expanduser())
     for d in config.datasets:

@@ -15,6 +15,7 @@ from eyas.config import ConfigError
 from eyas.drafter.model import Eagle3Drafter
 from eyas.paths import RunPaths
 from eyas.stage import StageError, check, digest, read_marker
+from eyas.train.checkpoint import checkpoints_dir
 from eyas.train.metrics import read_metrics
 from tests.kills import kill_at_each
 from tests.train.conftest import copy_run, load_tiny, subprocess_env, write_config
@@ -88,6 +89,9 @@ def test_a_finished_drafter_is_never_rewritten_from_other_settings(merged_run):
     result = eyas.train.run(longer, quiet=True)
     assert result["step"] == 2 and read_marker(paths.marker("train"))["run"]["continued_from_step"] == 1
     assert [r["step"] for r in read_metrics(paths.train_metrics)] == [1, 2]
+    steps = [load_file(str(checkpoints_dir(paths.train_dir) / f"step-{n:08d}" / "model.safetensors")) for n in (1, 2)]
+    # Step 2 learns at the longer schedule's rate, not the zero the shorter one ended at.
+    assert not all(torch.equal(steps[0][k], steps[1][k]) for k in steps[0])
     assert eyas.train.run(longer, quiet=True)["step"] == 2  # now current: nothing runs
 
     other = load_tiny(merged_run, max_steps=2, lr=1e-4)

@@ -24,6 +24,8 @@ crash at any moment leaves the old drafter with its marker or the new one with i
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from eyas.config import RunConfig
 from eyas.stage import StageContract, flat
 
@@ -57,6 +59,11 @@ def fingerprint(config: RunConfig) -> dict:
         **flat("train", config.train.model_dump(mode="json", exclude=SPEED_KEYS)),
         "extract.mode": config.extract.mode,
     }
+    if config.train.init_from:
+        from eyas.drafter.layout import content_digest
+
+        # The source by content, not path: a drafter retrained in place makes this run stale.
+        keys["train.init_from"] = content_digest(Path(config.train.init_from)) or "missing"
     if selects_by_tau(config):
         keys |= {"train.eval_every": config.train.eval_every, "train.eval_with_target": config.train.eval_with_target}
     if config.extract.mode == "online":

@@ -137,6 +137,20 @@ def restore(path: Path, drafter, optimizer, scheduler, made: dict) -> int:
         optim_state_dict=state["optimizer"],
         options=StateDictOptions(full_state_dict=True, strict=False),
     )
-    scheduler.load_state_dict(state["scheduler"])
+    keep_schedule(scheduler, state["scheduler"])
     set_rng_state(state["rng"])
     return int(state["step"])
+
+
+def keep_schedule(scheduler, saved: dict) -> None:
+    """Restore the scheduler's position but keep its schedule: LambdaLR saves its multiplier
+    object's fields, which would bring back the old run's length, so a longer run would go on
+    at the learning rate its shorter schedule ended with (zero). The optimizer's rates are then
+    recomputed at the restored step; for a resume of the same run they are the saved ones."""
+    schedules = [dict(vars(f)) for f in scheduler.lr_lambdas]
+    scheduler.load_state_dict(saved)
+    for multiplier, fields in zip(scheduler.lr_lambdas, schedules):
+        vars(multiplier).update(fields)
+    for group, base, multiplier in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * multiplier(scheduler.last_epoch)
+    scheduler._last_lr = [group["lr"] for group in scheduler.optimizer.param_groups]

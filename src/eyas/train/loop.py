@@ -17,6 +17,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -38,6 +39,7 @@ from eyas.train.evaluate import TargetHead, batch_stats, evaluate, summarize, to
 from eyas.train.metrics import MetricsLog
 from eyas.train.plot import plot_training
 from eyas.train.tau import BEST_FILE, HeldOutDecoding, forget_later_than, unsharded_copy
+from eyas.train.warm_start import warm_start
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +214,8 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
     torch.manual_seed(cfg.seed)
     drafter = Eagle3Drafter(spec, parts.embedding).to(world.device)
     drafter.set_vocab(d2t, t2d)
+    if cfg.init_from:
+        warm_start(drafter, Path(cfg.init_from), parts.config.num_hidden_layers)
     drafter.train()
     forward = parallelize(drafter, cfg.parallel, world)
     params = [p for p in drafter.parameters() if p.requires_grad]
