@@ -128,19 +128,26 @@ def table(report: dict) -> Table:
     t = Table(title=f"speculative decoding, {k} draft tokens, {report['prompts']} prompts")
     t.add_column("method")
     t.add_column("τ", justify="right")
+    # With several source datasets, each one's τ on its own held-out prompts beside the overall one.
+    datasets = report["datasets"] if len(report["datasets"]) > 1 else []
+    for d in datasets:
+        t.add_column(f"τ {d}", justify="right")
     for i in range(k):
         t.add_column(f"acc@{i + 1}", justify="right")
     t.add_column("tok/s", justify="right")
     t.add_column("speed-up", justify="right")
     t.add_column("lossless", justify="right")
     plain = report["plain"]
-    t.add_row(PLAIN, "1.00", *["" for _ in range(k)], f"{plain['tokens_per_s']:.1f}", "1.00×", "reference")
+    blank = ["" for _ in range(len(datasets) + k)]
+    t.add_row(PLAIN, "1.00", *blank, f"{plain['tokens_per_s']:.1f}", "1.00×", "reference")
     for name, m in report["methods"].items():
         lossless = m.get("lossless")
         check = f"{lossless['identical']}/{lossless['checked']}" if lossless else "n/a (sampling)"
+        per_dataset = m["tau_per_dataset"]
         t.add_row(
             name,
             f"{m['tau']:.2f}",
+            *[f"{per_dataset[d]:.2f}" if d in per_dataset else "" for d in datasets],
             *[f"{r:.2f}" for r in m["per_position"]],
             f"{m['tokens_per_s']:.1f}",
             f"{m['speedup']:.2f}×" if m["speedup"] else "",

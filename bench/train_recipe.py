@@ -1,0 +1,212 @@
+"""Which training settings buy the most held-out τ on the embedded target: one table.
+
+Every row is a real ``eyas.train.run`` on the same merged corpus — that of a run whose merge is
+done (``--run CONFIG``; ``make demo`` leaves ``runs/demo/demo.yaml``) — online with the states
+cached, from the config's own ``train`` section with one group of settings changed. τ is what
+training itself measures (``train.tau_*``) by speculative decoding on held-out prompts of the
+merge's eval split: greedy, 3 draft tokens. The table gives the best τ (the drafter
+``train/final`` keeps) and its step, the last measurement, and wall and CPU seconds of training,
+so a setting that buys τ with time shows it. Rows run one after another in one process, so
+their times compare; run nothing else on the machine meanwhile.
+
+``--as-is`` adds a second table: the same drafter trained on the run's regenerated answers, on
+conversations used as they are (``regenerate: false``) — the Python reference's topics from
+``pydoc_data``, human-written, the only chat-shaped text every Python ships — and on both, τ
+measured on the same held-out prompts. Regenerated answers cost the generation CPU the run's
+generate marker recorded; the as-is row gets that CPU time as extra training steps, so the two
+compare at equal CPU time.
+
+Usage: ``OMP_NUM_THREADS=2 .venv/bin/python bench/train_recipe.py --run runs/demo/demo.yaml
+[--only NAME ...] [--as-is] [--tau-prompts 16]``. Each demo-sized row takes about 6 minutes on
+2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eyas import train
+from eyas.config import load_config
+from eyas.paths import MARKER, RunPaths
+from eyas.records import tokenized_arrow_schema
+from eyas.stage import read_marker
+from eyas.train.metrics import read_metrics
+
+VARIANTS: dict[str, dict] = {
+    "as configured": {},
+    "head_init: target": {"head_init": "target"},
+    "ttt_steps: 2": {"ttt_steps": 2},
+    "ttt_steps: 5": {"ttt_steps": 5},
+    "lr ÷2": {"lr_factor": 0.5},
+    "lr ×2": {"lr_factor": 2.0},
+    "step_weight: 1.0": {"step_weight": 1.0},
+    "step_weight: 0.6": {"step_weight": 0.6},
+    "draft_vocab ÷2": {"vocab_factor": 0.5},
+    "draft_vocab ×2": {"vocab_factor": 2.0},
+    "warmup_ratio: 0.1": {"warmup_ratio": 0.1},
+    "weight_decay: 0.01": {"weight_decay": 0.01},
+    "steps ×2": {"steps_factor": 2.0},
+}
+"""Row name → changes to the config's train section (``*_factor``: relative to its value)."""
+
+
+def settings_for(base: dict, change: dict) -> dict:
+    settings = dict(base)
+    for key, value in change.items():
+        if key == "lr_factor":
+            settings["lr"] = base["lr"] * value
+        elif key == "vocab_factor":
+            settings["draft_vocab_size"] = int(base["draft_vocab_size"] * value)
+        elif key == "steps_factor":
+            settings["max_steps"] = int(base["max_steps"] * value)
+        else:
+            settings[key] = value
+    return settings
+
+
+def variant_dir(work: Path, name: str) -> Path:
+    run_dir = work / "".join(c if c.isalnum() else "_" for c in name)
+    run_dir.mkdir()
+    return run_dir
+
+
+def link_stages(base_config, run_dir: Path, stage_dirs: tuple[str, ...]) -> None:
+    for stage_dir in stage_dirs:
+        os.symlink(RunPaths.of(base_config).root / stage_dir, run_dir / stage_dir)
+
+
+def assemble_corpus(base_config, run_dir: Path, train_files: list[Path]) -> None:
+    """A merge directory whose train split is ``train_files`` and whose eval split, stats and
+    marker are the base run's, so every row is measured on the same held-out prompts."""
+    base = RunPaths.of(base_config).merge_dir
+    (run_dir / "merge").mkdir()
+    table = pa.concat_tables([pq.read_table(f) for f in train_files])
+    pq.write_table(table.cast(tokenized_arrow_schema()), run_dir / "merge" / "train-00000.parquet")
+    for f in [*base.glob("eval-*.parquet"), base / "stats.json", base / MARKER]:
+        shutil.copy(f, run_dir / "merge" / f.name)
+    link_stages(base_config, run_dir, ("tokenize", "generate"))
+
+
+def train_variant(base_config, run_dir: Path, settings: dict) -> dict:
+    config = base_config.model_copy(
+        update={"run_dir": str(run_dir), "train": base_config.train.model_copy(update=settings)}
+    )
+    started, cpu_started = time.monotonic(), time.process_time()
+    train.run(config, quiet=True)
+    wall, cpu = time.monotonic() - started, time.process_time() - cpu_started
+    taus = read_metrics(RunPaths.of(config).train_metrics, "tau")
+    best = max(taus, key=lambda r: (r["tau"], -r["step"]))
+    return {"best": best["tau"], "best_step": best["step"], "last": taus[-1]["tau"], "wall": wall, "cpu": cpu}
+
+
+def doc_conversations() -> list[dict]:
+    """The Python reference's topics as conversations: a question per topic, its text (cut at
+    paragraphs to about 2,000 characters) as the answer."""
+    from pydoc_data.topics import topics
+
+    rows = []
+    for name, text in sorted(topics.items()):
+        answer = ""
+        for paragraph in text.strip().split("\n\n"):
+            if answer and len(answer) + len(paragraph) > 2000:
+                break
+            answer += ("\n\n" if answer else "") + paragraph
+        question = f"Explain the Python language reference topic '{name}'."
+        rows.append(
+            {"id": name, "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
+        )
+    return rows
+
+
+def as_is_table(base_config, work: Path, base: dict) -> None:
+    from eyas import generate, tokenize
+    from eyas.config import DatasetConfig
+
+    docs_run = work / "docs"
+    docs_run.mkdir()
+    source = docs_run / "docs.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in doc_conversations()))
+    docs_config = base_config.model_copy(
+        update={
+            "run_dir": str(docs_run),
+            "datasets": [DatasetConfig(name="docs", source=str(source), regenerate=False)],
+        }
+    )
+    generate.run(docs_config, quiet=True)
+    tokenize.run(docs_config, quiet=True)
+    docs = RunPaths.of(docs_config).tokenized("docs")
+    regenerated = sorted(RunPaths.of(base_config).merge_dir.glob("train-*.parquet"))
+    generation_cpu = read_marker(RunPaths.of(base_config).marker("generate"))["run"]["cpu_seconds"]
+
+    rows = []
+    run_dir = variant_dir(work, "regenerated")
+    assemble_corpus(base_config, run_dir, regenerated)
+    r = train_variant(base_config, run_dir, base)
+    rows.append(("regenerated (the run's own)", pq.read_metadata(regenerated[0]).num_rows, generation_cpu, r))
+    extra = round(base["max_steps"] * generation_cpu / r["cpu"])
+    for name, files, steps in (
+        ("as is (Python reference)", [docs], base["max_steps"] + extra),
+        ("both", [*regenerated, docs], base["max_steps"]),
+    ):
+        run_dir = variant_dir(work, name)
+        assemble_corpus(base_config, run_dir, files)
+        samples = sum(pq.read_metadata(f).num_rows for f in files)
+        cost = generation_cpu if name == "both" else 0.0
+        rows.append((name, samples, cost, train_variant(base_config, run_dir, {**base, "max_steps": steps})))
+    print("\n| training data | samples | generation CPU s | train CPU s | total CPU s | best τ (step) |")
+    print("|---|---|---|---|---|---|")
+    for name, samples, cost, r in rows:
+        print(
+            f"| {name} | {samples} | {cost:.0f} | {r['cpu']:.0f} | {cost + r['cpu']:.0f} | "
+            f"{r['best']:.3f} ({r['best_step']}) |",
+            flush=True,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--run", required=True, help="config of a run whose merge is done")
+    parser.add_argument("--only", nargs="*", help="row names to run (default: all)")
+    parser.add_argument("--as-is", action="store_true", help="add the regenerated vs as-is table")
+    parser.add_argument("--tau-prompts", type=int, default=16, help="held-out prompts τ is measured on")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    base_config = load_config(Path(args.run))
+    base = base_config.train.model_dump()
+    base |= {"cache_states": True, "tau_prompts": args.tau_prompts}
+    if base_config.extract.mode != "online":
+        raise SystemExit(f"{args.run}: bench/train_recipe.py trains online; set extract.mode: online")
+    work = Path(tempfile.mkdtemp(prefix="eyas-recipe-"))
+    names = args.only if args.only is not None else list(VARIANTS)
+    print(
+        f"corpus: {RunPaths.of(base_config).merge_dir}; base: ttt_steps {base['ttt_steps']}, lr {base['lr']}, "
+        f"draft vocab {base['draft_vocab_size']}, {base['max_steps']} steps of {base['batch_size']}; "
+        f"τ on {args.tau_prompts} held-out prompts, {base['tau_draft_tokens']} draft tokens, "
+        f"{base['tau_new_tokens']} new tokens each\n"
+    )
+    print("| setting | best τ (step) | last τ | train wall s | train CPU s |")
+    print("|---|---|---|---|---|")
+    for name in names:
+        run_dir = variant_dir(work, name)
+        link_stages(base_config, run_dir, ("merge", "tokenize", "generate"))
+        r = train_variant(base_config, run_dir, settings_for(base, VARIANTS[name]))
+        print(
+            f"| {name} | {r['best']:.3f} ({r['best_step']}) | {r['last']:.3f} | {r['wall']:.0f} | {r['cpu']:.0f} |",
+            flush=True,
+        )
+    if args.as_is:
+        as_is_table(base_config, work, base)
+
+
+if __name__ == "__main__":
+    main()
