@@ -44,7 +44,6 @@ from eyas.train.metrics import read_metrics
 
 VARIANTS: dict[str, dict] = {
     "as configured": {},
-    "head_init: target": {"head_init": "target"},
     "ttt_steps: 2": {"ttt_steps": 2},
     "ttt_steps: 5": {"ttt_steps": 5},
     "lr ÷2": {"lr_factor": 0.5},
@@ -54,7 +53,8 @@ VARIANTS: dict[str, dict] = {
     "draft_vocab ÷2": {"vocab_factor": 0.5},
     "draft_vocab ×2": {"vocab_factor": 2.0},
     "warmup_ratio: 0.1": {"warmup_ratio": 0.1},
-    "weight_decay: 0.01": {"weight_decay": 0.01},
+    "weight_decay: 0.1": {"weight_decay": 0.1},
+    "intermediate_size: 384": {"intermediate_size": 384},
     "steps ×2": {"steps_factor": 2.0},
 }
 """Row name → changes to the config's train section (``*_factor``: relative to its value)."""

@@ -363,8 +363,6 @@ class TrainConfig(Section):
     """Draft tokens per verification pass when measuring that τ: the length you will serve with."""
     tau_new_tokens: int = Field(default=64, ge=1)
     """Tokens decoded per prompt when measuring that τ."""
-    head_init: Literal["random", "target"] = "random"
-    """How `lm_head` starts: `random`, or `target`: the target's own output rows for the draft vocabulary, so the drafter starts by reading its hidden state the way the target reads its last one."""
     init_from: str | None = None
     """A drafter directory to start from instead of random weights: eyas's own (`train/final`, an export), SpecForge/SGLang or vLLM/speculators, for the same target and aux layers. The draft vocabulary is counted from this run's data; rows of ids both vocabularies hold are carried over."""
     seed: int = 0

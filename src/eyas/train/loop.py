@@ -214,9 +214,6 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
     torch.manual_seed(cfg.seed)
     drafter = Eagle3Drafter(spec, parts.embedding).to(world.device)
     drafter.set_vocab(d2t, t2d)
-    if cfg.head_init == "target":
-        with torch.no_grad():
-            drafter.lm_head.weight.copy_(parts.lm_head[drafter.to_target_ids(torch.arange(d2t.shape[0]))])
     if cfg.init_from:
         warm_start(drafter, Path(cfg.init_from), parts.config.num_hidden_layers)
     drafter.train()
