@@ -16,8 +16,12 @@ measured on the same held-out prompts. Regenerated answers cost the generation C
 generate marker recorded; the as-is row gets that CPU time as extra training steps, so the two
 compare at equal CPU time.
 
+``--warm-start`` adds a third: a drafter from scratch on the whole train split, against one
+trained on half of it and warm-started (``train.init_from``) on the other half, for as many
+steps in all and for fewer.
+
 Usage: ``OMP_NUM_THREADS=2 .venv/bin/python bench/train_recipe.py --run runs/demo/demo.yaml
-[--only NAME ...] [--as-is] [--tau-prompts 16]``. Each demo-sized row takes about 6 minutes on
+[--only NAME ...] [--as-is] [--warm-start] [--tau-prompts 16]``. Each demo-sized row takes about 6 minutes on
 2 cores.
 """
 
@@ -85,16 +89,19 @@ def link_stages(base_config, run_dir: Path, stage_dirs: tuple[str, ...]) -> None
         os.symlink(RunPaths.of(base_config).root / stage_dir, run_dir / stage_dir)
 
 
-def assemble_corpus(base_config, run_dir: Path, train_files: list[Path]) -> None:
-    """A merge directory whose train split is ``train_files`` and whose eval split, stats and
-    marker are the base run's, so every row is measured on the same held-out prompts."""
+def assemble_corpus(base_config, run_dir: Path, table: pa.Table) -> None:
+    """A merge directory whose train split is ``table`` and whose eval split, stats and marker
+    are the base run's, so every row is measured on the same held-out prompts."""
     base = RunPaths.of(base_config).merge_dir
     (run_dir / "merge").mkdir()
-    table = pa.concat_tables([pq.read_table(f) for f in train_files])
     pq.write_table(table.cast(tokenized_arrow_schema()), run_dir / "merge" / "train-00000.parquet")
     for f in [*base.glob("eval-*.parquet"), base / "stats.json", base / MARKER]:
         shutil.copy(f, run_dir / "merge" / f.name)
     link_stages(base_config, run_dir, ("tokenize", "generate"))
+
+
+def read_tables(files: list[Path]) -> pa.Table:
+    return pa.concat_tables([pq.read_table(f).cast(tokenized_arrow_schema()) for f in files])
 
 
 def train_variant(base_config, run_dir: Path, settings: dict) -> dict:
@@ -150,7 +157,7 @@ def as_is_table(base_config, work: Path, base: dict) -> None:
 
     rows = []
     run_dir = variant_dir(work, "regenerated")
-    assemble_corpus(base_config, run_dir, regenerated)
+    assemble_corpus(base_config, run_dir, read_tables(regenerated))
     r = train_variant(base_config, run_dir, base)
     rows.append(("regenerated (the run's own)", pq.read_metadata(regenerated[0]).num_rows, generation_cpu, r))
     extra = round(base["max_steps"] * generation_cpu / r["cpu"])
@@ -159,10 +166,10 @@ def as_is_table(base_config, work: Path, base: dict) -> None:
         ("both", [*regenerated, docs], base["max_steps"]),
     ):
         run_dir = variant_dir(work, name)
-        assemble_corpus(base_config, run_dir, files)
-        samples = sum(pq.read_metadata(f).num_rows for f in files)
+        table = read_tables(files)
+        assemble_corpus(base_config, run_dir, table)
         cost = generation_cpu if name == "both" else 0.0
-        rows.append((name, samples, cost, train_variant(base_config, run_dir, {**base, "max_steps": steps})))
+        rows.append((name, table.num_rows, cost, train_variant(base_config, run_dir, {**base, "max_steps": steps})))
     print("\n| training data | samples | generation CPU s | train CPU s | total CPU s | best τ (step) |")
     print("|---|---|---|---|---|---|")
     for name, samples, cost, r in rows:
@@ -173,11 +180,44 @@ def as_is_table(base_config, work: Path, base: dict) -> None:
         )
 
 
+def warm_start_table(base_config, work: Path, base: dict) -> None:
+    """From scratch on the whole train split, against half of it then a warm start on the other
+    half (``train.init_from``), for as many steps in all or fewer."""
+    table = read_tables(sorted(RunPaths.of(base_config).merge_dir.glob("train-*.parquet")))
+    halves = [table.take(list(range(start, table.num_rows, 2))) for start in (0, 1)]
+    steps = base["max_steps"]
+    plan = [
+        ("all, from scratch", table, steps, None),
+        ("first half, from scratch", halves[0], steps // 2, None),
+        ("second half, warm-started from the first", halves[1], steps // 2, "first half, from scratch"),
+        ("second half, warm-started, fewer steps", halves[1], steps // 4, "first half, from scratch"),
+    ]
+    done: dict[str, tuple[Path, dict]] = {}
+    print("\n| training | samples | steps | train CPU s | CPU s in all | best τ (step) |")
+    print("|---|---|---|---|---|---|")
+    for name, data, n, source in plan:
+        run_dir = variant_dir(work, name)
+        assemble_corpus(base_config, run_dir, data)
+        settings = {**base, "max_steps": n}
+        earlier = 0.0
+        if source is not None:
+            settings["init_from"] = str(RunPaths(done[source][0]).train_final)
+            earlier = done[source][1]["cpu"]
+        r = train_variant(base_config, run_dir, settings)
+        done[name] = (run_dir, r)
+        print(
+            f"| {name} | {data.num_rows} | {n} | {r['cpu']:.0f} | {earlier + r['cpu']:.0f} | "
+            f"{r['best']:.3f} ({r['best_step']}) |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--run", required=True, help="config of a run whose merge is done")
     parser.add_argument("--only", nargs="*", help="row names to run (default: all)")
     parser.add_argument("--as-is", action="store_true", help="add the regenerated vs as-is table")
+    parser.add_argument("--warm-start", action="store_true", help="add the warm start vs from scratch table")
     parser.add_argument("--tau-prompts", type=int, default=16, help="held-out prompts τ is measured on")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -206,6 +246,8 @@ def main() -> None:
         )
     if args.as_is:
         as_is_table(base_config, work, base)
+    if args.warm_start:
+        warm_start_table(base_config, work, base)
 
 
 if __name__ == "__main__":
