@@ -186,19 +186,21 @@ def warm_start_table(base_config, work: Path, base: dict) -> None:
     table = read_tables(sorted(RunPaths.of(base_config).merge_dir.glob("train-*.parquet")))
     halves = [table.take(list(range(start, table.num_rows, 2))) for start in (0, 1)]
     steps = base["max_steps"]
+    first = "first half, from scratch"
     plan = [
-        ("all, from scratch", table, steps, None),
-        ("first half, from scratch", halves[0], steps // 2, None),
-        ("second half, warm-started from the first", halves[1], steps // 2, "first half, from scratch"),
-        ("second half, warm-started, fewer steps", halves[1], steps // 4, "first half, from scratch"),
+        ("all, from scratch", table, steps, None, 1.0),
+        (first, halves[0], steps // 2, None, 1.0),
+        ("second half, warm-started from the first", halves[1], steps // 2, first, 1.0),
+        ("second half, warm-started, fewer steps", halves[1], steps // 4, first, 1.0),
+        ("second half, warm-started, lr ÷3", halves[1], steps // 2, first, 1 / 3),
     ]
     done: dict[str, tuple[Path, dict]] = {}
     print("\n| training | samples | steps | train CPU s | CPU s in all | best τ (step) |")
     print("|---|---|---|---|---|---|")
-    for name, data, n, source in plan:
+    for name, data, n, source, lr_factor in plan:
         run_dir = variant_dir(work, name)
         assemble_corpus(base_config, run_dir, data)
-        settings = {**base, "max_steps": n}
+        settings = {**base, "max_steps": n, "lr": base["lr"] * lr_factor}
         earlier = 0.0
         if source is not None:
             settings["init_from"] = str(RunPaths(done[source][0]).train_final)

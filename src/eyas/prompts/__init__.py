@@ -119,11 +119,13 @@ def _answered_turns(
         if m["role"] == "assistant" and i > 0 and messages[i - 1]["role"] in ("user", "tool")
     ]
     if dataset.multi_turn == "last":
-        if messages[-1]["role"] != "assistant" or not answered or answered[-1] != len(messages) - 1:
+        if messages[-1]["role"] != "assistant":
             raise RowError(
                 f"the conversation ends with a {messages[-1]['role']} turn, not an assistant answer to train on "
                 "(regenerate: false uses the rows' own answers)"
             )
+        if not answered or answered[-1] != len(messages) - 1:
+            raise RowError("the final assistant turn follows another assistant turn, not a user or tool turn")
         yield PromptRecord(base_id, dataset.name, messages[:-1], tools, answer=messages[-1])
         return
     if not answered:
