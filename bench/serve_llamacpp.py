@@ -28,7 +28,7 @@ from itertools import product
 from pathlib import Path
 
 from eyas.config import load_config
-from eyas.eval.llamacpp_engine import PLAIN, draftless, eagle3, measure
+from eyas.eval.llamacpp_engine import PLAIN, drafting, draftless, measure
 from eyas.eval.prompts import load_eval_prompts
 from eyas.target import load_tokenizer
 from eyas.target.llamacpp import LlamaServer, convert, find_llamacpp, target_ggufs
@@ -77,7 +77,7 @@ def bench(config_path: Path, args: argparse.Namespace, llamacpp, work: Path) -> 
     ggufs = target_ggufs(config.target, llamacpp, "f32")
     drafter = Path(config.run_dir) / "export" / "sglang"
     drafts = {p: convert(llamacpp, drafter, work / f"draft-{p}.gguf", p, target_dir=ggufs.hf_dir) for p in PRECISIONS}
-    drafting = {_name(p, n): eagle3(d, n) for p, d in drafts.items() for n in DRAFT_LENGTHS}
+    drafting = {_name(p, n): drafting(d, "eagle3", n) for p, d in drafts.items() for n in DRAFT_LENGTHS}
     servers = {PLAIN: [], **drafting, **draftless()}
     # --no-repack everywhere: repacking quantized weights (the Q4_1 target, the q8_0 drafter) dies
     # with an illegal instruction on these CPUs; f32 weights are never repacked.

@@ -105,9 +105,9 @@ def read_tables(files: list[Path]) -> pa.Table:
 
 
 def train_variant(base_config, run_dir: Path, settings: dict) -> dict:
-    config = base_config.model_copy(
-        update={"run_dir": str(run_dir), "train": base_config.train.model_copy(update=settings)}
-    )
+    # Validated, so nested sections (train.dflash) become their models and bad values are refused.
+    train_config = type(base_config.train).model_validate(settings)
+    config = base_config.model_copy(update={"run_dir": str(run_dir), "train": train_config})
     started, cpu_started = time.monotonic(), time.process_time()
     train.run(config, quiet=True)
     wall, cpu = time.monotonic() - started, time.process_time() - cpu_started

@@ -297,7 +297,7 @@ class ExtractConfig(Section):
     expert_parallel: bool = False
     """engine vllm: place MoE experts whole on GPUs instead of splitting each (vLLM's enable_expert_parallel)."""
     aux_layers: list[int] | None = None
-    """0-based decoder layers whose outputs are captured; default [1, L//2-1, L-4]; three, ascending, each at most L-2."""
+    """0-based decoder layers whose outputs are captured; default [1, L//2-1, L-4]; ascending, each at most L-2; three for EAGLE-3, any number for DFlash (its context features)."""
     dtype: Literal["bf16", "fp8"] = "bf16"
     """Storage dtype; fp8 stores aux states as e4m3 with a per-token, per-layer scale (final stays bf16: the teacher is exact), ~62% of bf16's bytes."""
     batch_tokens: int = Field(default=8192, ge=1)
@@ -318,7 +318,25 @@ class ExtractConfig(Section):
         return self
 
 
+class DFlashConfig(Section):
+    """A DFlash block-diffusion drafter (``train.drafter: dflash``)."""
+
+    layers: int = Field(default=1, ge=1)
+    """Decoder layers of the draft (public DFlash drafts for 8B targets use about 5)."""
+    block_size: int = Field(default=4, ge=2, le=16)
+    """Tokens per block: the last committed token, then block_size - 1 drafts from one forward pass."""
+    mask_token_id: int | None = None
+    """The token filling a block's draft positions; default: the tokenizer's mask token, else its highest-id special token that is not a stop, BOS or pad token (SmolLM2: 16, `<empty_output>`). Its embedding is the target's, frozen, as the engines use it."""
+    anchors: int = Field(default=16, ge=1)
+    """Blocks per training sample, anchored at random positions inside the answer."""
+    decay: float = Field(default=7.0, gt=0.0)
+    """γ of the loss weight exp(-(k-1)/γ) of block position k (the published recipe's 7)."""
+
+
 class TrainConfig(Section):
+    drafter: Literal["eagle3", "dflash"] = "eagle3"
+    """Drafter family: `eagle3` (one layer, chain drafting with training-time test) or `dflash` (a block of drafts per pass, see `train.dflash`). DFlash reads the layers `extract.aux_layers` names (any number) as its context features, so both families train from the same extracted states."""
+    dflash: DFlashConfig = DFlashConfig()
     ttt_steps: int = Field(default=7, ge=1)
     """Training-time-test unroll depth."""
     draft_vocab_size: int | None = Field(default=None, ge=1)
@@ -369,6 +387,14 @@ class TrainConfig(Section):
     """Initialisation and data-order seed."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Under torchrun: `ddp` replicates the drafter on every rank; `fsdp` shards its weights, gradients and optimizer state (FSDP2)."""
+
+    @model_validator(mode="after")
+    def _warm_start_is_eagle3(self) -> TrainConfig:
+        if self.drafter == "dflash" and self.init_from:
+            raise ValueError(
+                "init_from: warm start loads EAGLE-3 drafters; a DFlash drafter trains from random weights"
+            )
+        return self
 
 
 class EvalConfig(Section):
@@ -431,6 +457,15 @@ class RunConfig(Section):
     """Stage 6: the EAGLE-3 drafter."""
     eval: EvalConfig = EvalConfig()
     """Stage 7: speculative decoding with the trained drafter."""
+
+    @model_validator(mode="after")
+    def _dflash_served_where_checked(self) -> RunConfig:
+        if self.train.drafter == "dflash" and self.eval.engine == "vllm":
+            raise ValueError(
+                "eval.engine: vllm is not checked with DFlash drafters (vLLM's CPU build here runs no DFlash "
+                "proposer); use `llamacpp` or `eyas`"
+            )
+        return self
 
     @model_validator(mode="after")
     def _unique_dataset_names(self) -> RunConfig:

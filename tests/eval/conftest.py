@@ -6,7 +6,7 @@ import pytest
 
 from eyas.speculate.decode import TargetRunner, greedy_decode
 
-from .overfit import OVERFIT_NEW, TEXTS, overfit_drafter
+from .overfit import OVERFIT_NEW, TEXTS, overfit_dflash, overfit_drafter
 
 
 @pytest.fixture(scope="session")
@@ -25,3 +25,10 @@ def overfit(model, tokenizer):
         greedy = [greedy_decode(runner, p, OVERFIT_NEW, stop).tokens for p in prompts]
     drafter = overfit_drafter(model, [p + g for p, g in zip(prompts, greedy)])
     return prompts, greedy, stop, drafter
+
+
+@pytest.fixture(scope="session")
+def overfit_dflash_drafter(model, overfit):
+    """A DFlash drafter (block size 4) trained on the same three continuations."""
+    prompts, greedy, _, _ = overfit
+    return overfit_dflash(model, prompts, greedy)

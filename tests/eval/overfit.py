@@ -77,8 +77,8 @@ def distinct_layers_target(vocab_size: int, **config):
     return LlamaForCausalLM(llama).eval().requires_grad_(False)
 
 
-def engine_eval_config(root: Path, drafter: Eagle3Drafter, eval_settings: str) -> Path:
-    """A run that evaluates ``drafter`` (saved under ``root``) on :data:`TEXTS` in another engine:
+def engine_eval_config(root: Path, drafter, eval_settings: str) -> Path:
+    """A run that evaluates ``drafter`` (either family, saved under ``root``) on :data:`TEXTS` in another engine:
     ``eval_settings`` are the flow-mapping keys that name the engine and its own settings."""
     drafter.save(root / "draft")
     write_jsonl(root / "prompts.jsonl", [{"prompt": t} for t in TEXTS])
@@ -89,3 +89,38 @@ def engine_eval_config(root: Path, drafter: Eagle3Drafter, eval_settings: str) -
         " draft: draft, broken_control: false}\n"
     )
     return root / "run.yaml"
+
+
+def overfit_dflash(
+    model, prompts: list[list[int]], answers: list[list[int]], steps: int = 100, block_size: int = 4, seed: int = 0
+):
+    """A DFlash drafter overfit on ``answers`` to ``prompts`` with training's own objective (blocks
+    anchored inside the answers), for tests that need one that is accepted."""
+    from eyas.drafter.dflash import DFlashDrafter
+    from eyas.drafter.families import dflash_spec
+    from eyas.train.blocks import BlockObjective
+    from eyas.train.data import Batch
+
+    torch.manual_seed(seed)
+    aux_layers = default_aux_layers(num_decoder_layers(model))
+    length = max(len(p) + len(a) for p, a in zip(prompts, answers))
+    ids = torch.tensor([p + a + [0] * (length - len(p) - len(a)) for p, a in zip(prompts, answers)])
+    loss_mask = torch.zeros_like(ids, dtype=torch.bool)
+    for row, (p, a) in enumerate(zip(prompts, answers)):
+        loss_mask[row, len(p) : len(p) + len(a)] = True
+    captured = capture(model, ids, aux_layers=aux_layers)
+    batch = Batch(ids, loss_mask, captured.aux.clone(), captured.final.clone(), int(loss_mask.sum()))
+    train = TrainConfig(intermediate_size=512, dflash={"block_size": block_size})
+    base = spec_for_target(model.config, train, aux_layers, model.config.vocab_size)
+    drafter = DFlashDrafter(dflash_spec(base, train, 16), model.get_input_embeddings().weight, model.lm_head.weight)
+    objective = BlockObjective(anchors=OVERFIT_NEW, block_size=block_size)
+    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=2e-3)
+    drafter.train()
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        stats = objective.stats(drafter, drafter, batch, generator)
+        loss = sum(s.loss_sum / s.loss_count.clamp(min=1) for s in stats)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return drafter.eval().requires_grad_(False)

@@ -76,6 +76,28 @@ def test_eval_in_llamacpp_measures_speed_and_agrees_with_eyas(overfit, tmp_path)
     assert again["llamacpp"]["plain"] == section["plain"], "a rerun reads the measured figures back"
 
 
+def test_a_dflash_export_serves_in_llamacpp_losslessly_and_accepts_what_eyas_measures(overfit_dflash_drafter, tmp_path):
+    import eyas.export
+    from eyas import eval as stage
+
+    run_dir = tmp_path / "trained"
+    overfit_dflash_drafter.save(run_dir / "train" / "final")
+    out = eyas.export.export_one(load_tiny(run_dir, drafter="dflash"), "gguf")
+    assert "--spec-type draft-dflash --spec-draft-n-max 3" in (out / "README.md").read_text()
+
+    config = engine_eval_config(tmp_path, overfit_dflash_drafter, "engine: llamacpp, llamacpp_repeats: 1")
+    report = stage.run(load_config(config), quiet=True)
+    section = report["llamacpp"]
+    assert list(section["methods"]) == ["dflash, n=1", "dflash, n=2", "dflash, n=3", "ngram-mod", "ngram-simple"]
+    for name, m in section["methods"].items():
+        assert m["lossless"] == {"checked": 3, "identical": 3, "float_ties": [], "mismatched": []}, name
+    eyas_tau = report["methods"]["dflash"]["tau"]
+    assert eyas_tau > 1.5, "the overfit drafter is accepted in eyas's own decoder"
+    # As for EAGLE-3: llama.cpp counts each prompt's last round's drafts past n_predict.
+    difference = section["methods"]["dflash, n=3"]["tau"] - eyas_tau
+    assert -0.02 <= difference <= 0.02 + 3 * len(TEXTS) / report["methods"]["dflash"]["target_passes"], difference
+
+
 def test_plain_decoding_reports_its_top_two_tokens_for_the_tie_check(llamacpp, tokenizer, tmp_path):
     """The lossless check reads llama.cpp's top two log-probabilities at every decoded token; greedy,
     the first of them is the token decoded, and the second is no more likely."""

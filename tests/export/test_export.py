@@ -196,7 +196,7 @@ def test_export_is_in_the_targets_dtype(trained_run, model, tmp_path):
     assert target_dtype(Config()) == torch.bfloat16
     _, drafter = trained_run
     out = tmp_path / "bf16"
-    layout.save_sglang(drafter.trainable_state_dict(), drafter.spec, out, torch.bfloat16)
+    layout.save_drafter(drafter.trainable_state_dict(), drafter.spec, out, torch.bfloat16)
     weights = load_file(str(out / "model.safetensors"))
     assert weights["fc.weight"].dtype == torch.bfloat16 and weights["d2t"].dtype == torch.int64
     assert weights["t2d"].dtype == torch.bool

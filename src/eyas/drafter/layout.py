@@ -21,12 +21,14 @@ still loads, and acceptance quietly drops):
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file
 
+from eyas.drafter.dflash import DFlashSpec
 from eyas.drafter.spec import DrafterSpec
 from eyas.target.capture import default_aux_layers, hf_hidden_state_indices
 from eyas.tensorfile import save_tensors
@@ -35,6 +37,7 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
+DFLASH_ARCH = "DFlashDraftModel"
 LEGACY_WEIGHTS_FILE = "pytorch_model.bin"
 """The original EAGLE-3 releases ship their weights as a pickled state dict."""
 CHECKPOINT_DTYPE = torch.float32
@@ -127,12 +130,33 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
-def save_sglang(
+def dflash_config(spec: DFlashSpec, dtype: torch.dtype = CHECKPOINT_DTYPE) -> dict[str, Any]:
+    """``config.json`` of z-lab's ``DFlashDraftModel`` layout. ``target_layer_ids`` are output-layer
+    ids (0-based), the numbering vLLM and SGLang read and llama.cpp's converter shifts by one."""
+    settings = {
+        "mask_token_id": spec.mask_token_id,
+        "target_layer_ids": list(spec.aux_layers),
+        "block_size": spec.block_size,
+    }
+    return {
+        "architectures": [DFLASH_ARCH],
+        **_llama_keys(spec, dtype),
+        "model_type": "qwen3",
+        "num_hidden_layers": spec.num_layers,
+        "target_hidden_size": spec.target_hidden_size,
+        "block_size": spec.block_size,
+        "dflash_config": settings,
+    }
+
+
+def save_drafter(
     weights: dict[str, torch.Tensor], spec: DrafterSpec, directory: Path, dtype: torch.dtype = CHECKPOINT_DTYPE
 ) -> None:
+    """The drafter in its family's servable layout: SGLang/vLLM EAGLE-3, or DFlash."""
     directory.mkdir(parents=True, exist_ok=True)
     save_tensors(_cast(weights, dtype), directory / WEIGHTS_FILE)
-    write_json(directory / CONFIG_FILE, sglang_config(spec, dtype))
+    config = dflash_config(spec, dtype) if isinstance(spec, DFlashSpec) else sglang_config(spec, dtype)
+    write_json(directory / CONFIG_FILE, config)
 
 
 def save_speculators(
@@ -173,9 +197,30 @@ def read_drafter(directory: Path, target_layers: int | None = None) -> tuple[Dra
             return _spec_from_keys(config["transformer_layer_config"], config, layers), from_speculators_keys(weights)
         if config.get("architectures") == [SGLANG_ARCH]:
             return _spec_from_keys(config, config, aux_layers_of(config, config_path, target_layers)), weights
+        if config.get("architectures") == [DFLASH_ARCH]:
+            return _dflash_spec(config), weights
     except KeyError as e:
         raise ValueError(f"{config_path}: missing key {e.args[0]!r}") from None
-    raise ValueError(f"{config_path}: architectures must be [{SGLANG_ARCH!r}] or [{SPECULATORS_ARCH!r}]")
+    raise ValueError(
+        f"{config_path}: architectures must be [{SGLANG_ARCH!r}], [{SPECULATORS_ARCH!r}] or [{DFLASH_ARCH!r}]"
+    )
+
+
+def _dflash_spec(config: dict[str, Any]) -> DFlashSpec:
+    settings = config["dflash_config"]
+    base = _spec_from_keys(config, config, settings["target_layer_ids"])
+    return DFlashSpec(
+        **{f.name: getattr(base, f.name) for f in fields(DrafterSpec)},
+        num_layers=config["num_hidden_layers"],
+        block_size=settings.get("block_size", config.get("block_size")),
+        mask_token_id=settings["mask_token_id"],
+    )
+
+
+def family_of(directory: Path) -> str:
+    """``dflash`` or ``eagle3``: the drafter family a directory's ``config.json`` holds."""
+    config = json.loads((directory / CONFIG_FILE).read_text())
+    return "dflash" if config.get("architectures") == [DFLASH_ARCH] else "eagle3"
 
 
 def aux_layers_of(config: dict[str, Any], config_path: Path, target_layers: int | None) -> list[int]:

@@ -165,23 +165,20 @@ class Eagle3Drafter(nn.Module):
 
     def save(self, directory: str | Path) -> None:
         """Write ``config.json`` and ``model.safetensors`` in the SGLang/vLLM layout."""
-        from eyas.drafter.layout import save_sglang
+        from eyas.drafter.layout import save_drafter
 
-        save_sglang(self.trainable_state_dict(), self.spec, Path(directory))
+        save_drafter(self.trainable_state_dict(), self.spec, Path(directory))
 
     @classmethod
     def load(cls, directory: str | Path, target_model) -> Eagle3Drafter:
-        """A drafter from a training checkpoint, ``train/final``, an export (any format) or a
-        foreign EAGLE-3 checkpoint; the embedding comes from ``target_model``."""
-        from eyas.drafter.layout import CONFIG_FILE, read_drafter
-        from eyas.target.capture import check_aux_layers, num_decoder_layers
+        """An EAGLE-3 drafter from a training checkpoint, ``train/final``, an export (any format)
+        or a foreign EAGLE-3 checkpoint; the embedding comes from ``target_model``."""
+        from eyas.drafter.families import load_drafter
 
-        num_layers = num_decoder_layers(target_model)
-        spec, weights = read_drafter(Path(directory), num_layers)
-        check_aux_layers(list(spec.aux_layers), num_layers, f"{Path(directory) / CONFIG_FILE}: aux layers")
-        drafter = cls(spec, target_model.get_input_embeddings().weight)
-        drafter.load_weights(weights, str(directory))
-        return drafter.to(target_model.get_input_embeddings().weight.device)
+        drafter = load_drafter(directory, target_model)
+        if not isinstance(drafter, cls):
+            raise ValueError(f"{directory}: holds a {type(drafter).__name__}, not an EAGLE-3 drafter")
+        return drafter
 
     def check_weights(self, weights: dict[str, torch.Tensor], source: str) -> None:
         """Refuse a weight set whose names differ from this drafter's (shapes are checked on load)."""
@@ -199,5 +196,5 @@ class Eagle3Drafter(nn.Module):
 
 
 def saved_only(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A drafter state dict without the target's embedding (never saved) and RoPE tables."""
-    return {k: v for k, v in state.items() if not k.startswith(("embed_tokens.", "rotary."))}
+    """A drafter state dict without the target's embedding and head (never saved) and RoPE tables."""
+    return {k: v for k, v in state.items() if not k.startswith(("embed_tokens.", "target_head.", "rotary."))}

@@ -59,6 +59,7 @@ from eyas.jsonl import DurableAppender, read_jsonl, recover
 from eyas.paths import RunPaths
 from eyas.records import content_hash
 from eyas.speculate.decode import TargetRunner, greedy_decode, speculative_decode
+from eyas.speculate.dflash import proposer_for
 from eyas.speculate.eagle import BROKEN_ORDER, EagleProposer
 from eyas.speculate.lookup import PromptLookup
 from eyas.stage import StageContract, StageRun, begin, file_digest, flat
@@ -182,7 +183,7 @@ def _in_llamacpp(config: RunConfig, dtype: str, drafter_dir: Path, prompts: list
     """The drafter eyas evaluated, in ``llama-server``, on a target GGUF in eyas's ``dtype``: converted
     by llama.cpp's converter into the eval directory once per drafter content (what ``eyas export
     --format gguf`` writes for the run's own)."""
-    from eyas.drafter.layout import content_digest
+    from eyas.drafter.layout import content_digest, family_of
     from eyas.eval.llamacpp_engine import configurations, measure
     from eyas.target.llamacpp import GGUF_TYPES, convert, find_llamacpp, target_ggufs
 
@@ -201,7 +202,7 @@ def _in_llamacpp(config: RunConfig, dtype: str, drafter_dir: Path, prompts: list
     }
     cached = paths.eval_dir / f"llamacpp-{content_hash(request)}.json"
     if not cached.is_file():
-        configs = configurations(draft, cfg.num_draft_tokens)
+        configs = configurations(draft, cfg.num_draft_tokens, family_of(drafter_dir))
         section = measure(config, llamacpp, ggufs.same_precision, configs, prompts, paths.eval_dir)
         write_json_atomic(cached, {**section, "draft": str(draft)})
     return {**json.loads(cached.read_text()), "result_file": cached.name}
@@ -219,8 +220,8 @@ def _eval_in_process(
     model = load_model(config.target)
     drafter = load_drafter(drafter_dir, model)
     sample_drafts = cfg.draft_sampling == "sample"
-    proposers = [PromptLookup(cfg.lookup_max_ngram), EagleProposer(drafter, sample_drafts=sample_drafts)]
-    if cfg.broken_control:
+    proposers = [PromptLookup(cfg.lookup_max_ngram), proposer_for(drafter, sample_drafts)]
+    if cfg.broken_control and isinstance(proposers[1], EagleProposer):
         proposers.append(EagleProposer(drafter, "eagle3_broken_aux_order", BROKEN_ORDER, sample_drafts=sample_drafts))
 
     fingerprint_now = started.marker["fingerprint"]

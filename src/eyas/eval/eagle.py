@@ -9,12 +9,12 @@ from eyas.stage import StageError
 
 def load_drafter(directory: Path, target_model):
     """The drafter saved in ``directory`` (export or training checkpoint) on the target's device."""
-    from eyas.drafter.model import Eagle3Drafter
+    from eyas.drafter.families import load_drafter as load_any
 
     if not (directory / "config.json").is_file():
         raise StageError(
             f"eval: {directory} holds no drafter (no config.json); run `eyas train` and `eyas export`, or pass --draft DIR"
         )
-    drafter = Eagle3Drafter.load(directory, target_model)
+    drafter = load_any(directory, target_model)
     drafter.eval().requires_grad_(False)
     return drafter

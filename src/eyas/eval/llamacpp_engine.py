@@ -5,7 +5,8 @@ configuration runs in a ``llama-server`` of its own (speculation is a server set
 the same target GGUF in the drafter's precision, greedy:
 
 - ``plain``: the target alone — the speed baseline and the lossless reference;
-- ``eagle3, n=k`` for k = 1 … ``eval.num_draft_tokens``: the GGUF export drafting k tokens;
+- ``eagle3, n=k`` (or ``dflash, n=k``) for k = 1 … ``eval.num_draft_tokens``: the GGUF export
+  drafting k tokens (a DFlash drafter at most its block size − 1);
 - ``ngram-mod`` and ``ngram-simple``: llama.cpp's draftless speculation, what a drafter must beat.
 
 Speed is measured side by side: in each of ``eval.llamacpp_repeats`` rounds every prompt goes
@@ -41,12 +42,13 @@ from eyas.target.llamacpp import LlamaCpp, LlamaServer
 log = logging.getLogger(__name__)
 
 PLAIN = "plain"
+DRAFTER_FAMILIES = ("eagle3", "dflash")
 NGRAM_TYPES = ("ngram-mod", "ngram-simple")
 
 
-def configurations(draft: Path, k: int) -> dict[str, list[str]]:
-    """Name -> the ``llama-server`` arguments that make it."""
-    return {PLAIN: [], **{f"eagle3, n={n}": eagle3(draft, n) for n in range(1, k + 1)}, **draftless()}
+def configurations(draft: Path, k: int, family: str = "eagle3") -> dict[str, list[str]]:
+    """Name -> the ``llama-server`` arguments that make it; ``family``: ``eagle3`` or ``dflash``."""
+    return {PLAIN: [], **{f"{family}, n={n}": drafting(draft, family, n) for n in range(1, k + 1)}, **draftless()}
 
 
 def draftless() -> dict[str, list[str]]:
@@ -54,9 +56,9 @@ def draftless() -> dict[str, list[str]]:
     return {name: ["--spec-type", name] for name in NGRAM_TYPES}
 
 
-def eagle3(draft: Path, n: int) -> list[str]:
-    """The ``llama-server`` arguments that serve ``draft`` drafting ``n`` tokens."""
-    return ["-md", str(draft), "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(n)]
+def drafting(draft: Path, family: str, n: int) -> list[str]:
+    """The ``llama-server`` arguments that serve ``draft`` (an ``eagle3`` or ``dflash`` GGUF) drafting ``n`` tokens."""
+    return ["-md", str(draft), "--spec-type", f"draft-{family}", "--spec-draft-n-max", str(n)]
 
 
 def measure(
@@ -196,7 +198,7 @@ def _section(configs, rounds, outputs, counters, probs, prompts, target: Path, c
             "speedup": median / plain if plain else None,
             "lossless": _lossless(prompts, outputs[name], reference, probs, cfg.llamacpp_tie_margin),
         }
-    drafted = [n for n in methods if n.startswith("eagle3")]
+    drafted = [n for n in methods if n.startswith(DRAFTER_FAMILIES)]
     best = max(drafted, key=lambda n: methods[n]["tokens_per_s"])
     return {
         "engine": "llama.cpp",

@@ -94,10 +94,15 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
     model_config = load_model_config(config.target)
     num_layers = text_config(model_config).num_hidden_layers
     spec, weights = layout.read_drafter(source, num_layers)
+    dflash = layout.family_of(source) == "dflash"
     try:
-        check_aux_layers(list(spec.aux_layers), num_layers, f"{source / layout.CONFIG_FILE}: aux layers")
+        check_aux_layers(
+            list(spec.aux_layers), num_layers, f"{source / layout.CONFIG_FILE}: aux layers", None if dflash else 3
+        )
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    if dflash and format == "speculators":
+        raise ConfigError("--format: speculators has no DFlash layout; vLLM and SGLang read the `vllm`/`sglang` export")
     dtype = target_dtype(model_config)
     out = Path(out) if out is not None else paths.export(format)
     verifier = resolve_target(config.target).name_or_path
@@ -113,8 +118,11 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
 
         readme = write_gguf(config.target, weights, spec, dtype, tmp, out.resolve(), steps)
     else:
-        layout.save_sglang(weights, spec, tmp, dtype)
-        readme = serve_readme(format, out.resolve(), verifier, steps, dtype_name)
+        layout.save_drafter(weights, spec, tmp, dtype)
+        family = "dflash" if dflash else "eagle3"
+        readme = serve_readme(
+            format, out.resolve(), verifier, min(steps, getattr(spec, "draft_tokens", steps)), dtype_name, family
+        )
     (tmp / "README.md").write_text(readme)
     replace_dir(tmp, out)
     return out

@@ -24,24 +24,31 @@ from eyas.paths import DRAFT_GGUF
 
 def write_gguf(target: TargetConfig, weights: dict, spec, dtype: torch.dtype, tmp: Path, out: Path, steps: int) -> str:
     """Write the drafter's GGUF into ``tmp`` (to be renamed to ``out``); returns the README."""
-    from eyas.drafter.layout import dtype_name, save_sglang
+    from eyas.drafter.families import is_dflash
+    from eyas.drafter.layout import dtype_name, save_drafter
     from eyas.target.llamacpp import GGUF_TYPES, convert, find_llamacpp, target_ggufs
 
     llamacpp = find_llamacpp(target.llamacpp)
     outtype = GGUF_TYPES[dtype_name(dtype)]
     ggufs = target_ggufs(target, llamacpp, outtype)
     hf = tmp / "hf"
-    save_sglang(weights, spec, hf, dtype)
+    save_drafter(weights, spec, hf, dtype)
     convert(llamacpp, hf, tmp / DRAFT_GGUF, outtype, target_dir=ggufs.hf_dir)
     shutil.rmtree(hf)
     (tmp / (DRAFT_GGUF + ".log")).unlink(missing_ok=True)
-    return gguf_readme(llamacpp.server, ggufs.same_precision, ggufs.shipped, out / DRAFT_GGUF, outtype, steps)
+    family = "dflash" if is_dflash(spec) else "eagle3"
+    if is_dflash(spec):
+        steps = min(steps, spec.draft_tokens)
+    return gguf_readme(llamacpp.server, ggufs.same_precision, ggufs.shipped, out / DRAFT_GGUF, outtype, steps, family)
 
 
-def gguf_readme(server: Path, target: Path, shipped: Path | None, draft: Path, outtype: str, steps: int) -> str:
-    serve = f"--spec-type draft-eagle3 --spec-draft-n-max {steps} -md {draft}"
+def gguf_readme(
+    server: Path, target: Path, shipped: Path | None, draft: Path, outtype: str, steps: int, family: str
+) -> str:
+    serve = f"--spec-type draft-{family} --spec-draft-n-max {steps} -md {draft}"
+    title = {"eagle3": "EAGLE-3", "dflash": "DFlash"}[family]
     sections = [
-        f"# EAGLE-3 drafter for llama.cpp\n\nTrained by eyas, converted by llama.cpp's own converter; drafter "
+        f"# {title} drafter for llama.cpp\n\nTrained by eyas, converted by llama.cpp's own converter; drafter "
         f"and target in {outtype}, so greedy outputs are the target's own with or without the draft.\n",
         f"## llama.cpp\n\n```bash\n{server} -m {target} \\\n  {serve}\n```\n",
     ]

@@ -15,7 +15,9 @@ from pathlib import Path
 VLLM_SERVER = "python -m vllm.entrypoints.openai.api_server"
 
 
-def serve_readme(format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
+def serve_readme(format: str, directory: Path, target: str, steps: int, dtype: str, family: str = "eagle3") -> str:
+    if family == "dflash":
+        return dflash_readme(directory, target, steps, dtype)
     vllm_config = json.dumps({"method": "eagle3", "model": str(directory), "num_speculative_tokens": steps})
     sections = [
         f"# EAGLE-3 drafter for `{target}`\n\n"
@@ -37,3 +39,19 @@ def serve_readme(format: str, directory: Path, target: str, steps: int, dtype: s
             f"  --speculative-config {shlex.quote(vllm_config)}\n```\n"
         )
     return "\n".join(sections)
+
+
+def dflash_readme(directory: Path, target: str, steps: int, dtype: str) -> str:
+    """A DFlash drafter: one layout (z-lab's ``DFlashDraftModel``) that SGLang and vLLM both read."""
+    vllm_config = json.dumps({"method": "dflash", "model": str(directory), "num_speculative_tokens": steps})
+    return "\n".join(
+        [
+            f"# DFlash drafter for `{target}`\n\nTrained by eyas; weights in {dtype}. The token embedding and "
+            "output head are not included: servers share the target's.\n",
+            "## SGLang\n\n```bash\n"
+            f"python -m sglang.launch_server --model-path {target} --dtype {dtype} \\\n"
+            f"  --speculative-algorithm DFLASH --speculative-draft-model-path {directory}\n```\n",
+            f"## vLLM\n\n```bash\n{VLLM_SERVER} --model {target} --dtype {dtype} \\\n"
+            f"  --speculative-config {shlex.quote(vllm_config)}\n```\n",
+        ]
+    )

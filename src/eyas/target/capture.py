@@ -29,17 +29,22 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return [1, num_layers // 2 - 1, num_layers - 4]
 
 
-def check_aux_layers(aux_layers: list[int], num_layers: int, where: str = "extract.aux_layers") -> list[int]:
+def check_aux_layers(
+    aux_layers: list[int], num_layers: int, where: str = "extract.aux_layers", count: int | None = 3
+) -> list[int]:
     """``aux_layers`` if a serving engine can capture them from a ``num_layers``-layer target.
 
-    Three distinct ids in ascending order (engines concatenate the captured states in layer
-    order, so any other order trains a drafter no server feeds correctly), each at most
-    L-2: engines capture a layer's output as the input of the next layer, and the last layer
-    has none. Raises ValueError naming ``where`` and the reason.
+    ``count`` distinct ids (EAGLE-3's three; None: any number, as DFlash takes) in ascending
+    order (engines concatenate the captured states in layer order, so any other order trains a
+    drafter no server feeds correctly), each at most L-2: engines capture a layer's output as
+    the input of the next layer, and the last layer has none. Raises ValueError naming
+    ``where`` and the reason.
     """
     ids = list(aux_layers)
-    if len(ids) != 3:
-        raise ValueError(f"{where}: EAGLE-3 takes exactly 3 layers, got {ids}")
+    if count is not None and len(ids) != count:
+        raise ValueError(f"{where}: EAGLE-3 takes exactly {count} layers, got {ids}")
+    if not ids:
+        raise ValueError(f"{where}: no layers given")
     if any(b <= a for a, b in zip(ids, ids[1:])):
         raise ValueError(
             f"{where}: {ids} must be distinct and strictly ascending; serving engines concatenate the "
@@ -50,7 +55,7 @@ def check_aux_layers(aux_layers: list[int], num_layers: int, where: str = "extra
             f"{where}: {ids} must lie in 0..{num_layers - 2} for a {num_layers}-layer target; engines capture "
             "the output of layer i as the input of layer i+1, and the last layer has no next"
         )
-    if ids[0] != 1:
+    if ids[0] != 1 and count is not None:
         log.warning(
             "%s: %s starts at %d, not 1; some SGLang versions shift the ids by one only when the first is 1, "
             "so check acceptance under SGLang before serving",

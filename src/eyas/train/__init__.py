@@ -55,8 +55,10 @@ def fingerprint(config: RunConfig) -> dict:
     """Every hyperparameter, and where the states come from: offline, extract's marker names the
     target and layers; online, this stage runs the target itself. When the final drafter is the
     one with the best τ, which steps are measured decides it too."""
+    # The family keys appear only for DFlash, so EAGLE-3 runs keep the fingerprint they had.
+    family = set() if config.train.drafter == "dflash" else {"drafter", "dflash"}
     keys = {
-        **flat("train", config.train.model_dump(mode="json", exclude=SPEED_KEYS)),
+        **flat("train", config.train.model_dump(mode="json", exclude=SPEED_KEYS | family)),
         "extract.mode": config.extract.mode,
     }
     if config.train.init_from:

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from eyas.drafter.layout import WEIGHTS_FILE, save_sglang
+from eyas.drafter.layout import WEIGHTS_FILE, save_drafter
 from eyas.drafter.model import saved_only
 from eyas.files import replace_dir
 from eyas.stage import StageError, differences
@@ -87,7 +87,7 @@ def write_drafter(weights: dict[str, torch.Tensor], spec, out: Path, seal: Calla
     marker into the finished directory) and swapped in whole."""
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_sglang(weights, spec, tmp)
+    save_drafter(weights, spec, tmp)
     seal(tmp)
     replace_dir(tmp, out)
     return out
@@ -106,7 +106,7 @@ def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: boo
         return final
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_sglang(weights, drafter.spec, tmp)
+    save_drafter(weights, drafter.spec, tmp)
     state = {"step": step, "optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rng_state()}
     torch.save(state, tmp / STATE_FILE)
     (tmp / MADE_WITH_FILE).write_text(json.dumps(made, indent=2))

@@ -38,6 +38,22 @@ def batch_stats(forward, drafter, batch, head: TargetHead, steps: int) -> list[S
     ]
 
 
+@dataclass
+class TTTObjective:
+    """EAGLE-3's objective: the TTT unroll against the target's distribution, one score per step.
+    :class:`eyas.train.blocks.BlockObjective` is DFlash's; training and evaluation use either."""
+
+    head: TargetHead
+    steps: int
+
+    @property
+    def positions(self) -> int:
+        return self.steps
+
+    def stats(self, forward, drafter, batch, generator: torch.Generator) -> list[StepStats]:
+        return batch_stats(forward, drafter, batch, self.head, self.steps)
+
+
 def totals(stats: list[StepStats]) -> torch.Tensor:
     """[4, steps]: loss sums, loss counts, hits, scored positions (detached, float64)."""
     return torch.stack(
@@ -60,7 +76,7 @@ def summarize(sums: torch.Tensor) -> dict:
 
 
 @torch.no_grad()
-def evaluate(drafter, source, head: TargetHead, steps: int, batch_size: int, world, autocast) -> dict:
+def evaluate(drafter, source, objective, batch_size: int, world, autocast) -> dict:
     was_training = drafter.training
     drafter.eval()
     # Length-sorted batches waste the least compute on padding; the sums do not depend on order.
@@ -71,12 +87,14 @@ def evaluate(drafter, source, head: TargetHead, steps: int, batch_size: int, wor
     # a rank with fewer batches scores a repeat of sample 0 with its loss mask cleared.
     for _ in range(len(batches), math.ceil(math.ceil(len(source) / world.size) / batch_size)):
         batches.append(None)
-    sums = torch.zeros(4, steps, dtype=torch.float64, device=world.device)
+    sums = torch.zeros(4, objective.positions, dtype=torch.float64, device=world.device)
+    # DFlash draws its blocks: the same ones at every evaluation, so figures compare across steps.
+    generator = torch.Generator().manual_seed(world.rank)
     for indices in batches:
         batch = source.batch(indices or [0])
         if indices is None:
             batch = replace(batch, loss_mask=torch.zeros_like(batch.loss_mask))
         with autocast():
-            sums += totals(batch_stats(drafter, drafter, batch, head, steps))
+            sums += totals(objective.stats(drafter, drafter, batch, generator))
     drafter.train(was_training)
     return {**summarize(world.sum(sums)), "samples": len(source)}

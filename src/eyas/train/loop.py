@@ -16,15 +16,15 @@ import math
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from eyas.config import ConfigError, RunConfig, TrainConfig
 from eyas.console import progress
-from eyas.drafter.model import Eagle3Drafter
-from eyas.drafter.spec import spec_for_target
+from eyas.drafter.families import default_mask_token, dflash_spec, new_drafter
+from eyas.drafter.spec import DrafterSpec, spec_for_target
 from eyas.drafter.vocab import build_vocab, count_answer_tokens, draft_vocab_size, load_vocab, save_vocab
 from eyas.files import recover_dir, replace_dir
 from eyas.paths import MARKER, RunPaths
@@ -33,9 +33,10 @@ from eyas.target import load_model, load_tokenizer, stop_token_ids
 from eyas.target.capture import check_aux_layers, num_decoder_layers
 from eyas.target.heads import TargetParts, from_files, from_model
 from eyas.train import CONTRACT, LENGTH_KEYS, checkpoint, runs_target
+from eyas.train.blocks import BlockObjective, decay_weights
 from eyas.train.data import OfflineSource, OnlineSource, Schedule, check_sizes, read_split
 from eyas.train.distributed import World
-from eyas.train.evaluate import TargetHead, batch_stats, evaluate, summarize, totals
+from eyas.train.evaluate import TargetHead, TTTObjective, evaluate, summarize, totals
 from eyas.train.metrics import MetricsLog
 from eyas.train.plot import plot_training
 from eyas.train.tau import BEST_FILE, HeldOutDecoding, forget_later_than, unsharded_copy
@@ -91,6 +92,18 @@ def prepare_vocab(
     return d2t, t2d
 
 
+def build_dflash(config: RunConfig, base: DrafterSpec) -> tuple[DrafterSpec, BlockObjective, list[float]]:
+    """DFlash's spec (the mask token the config names, or the tokenizer's default), objective and
+    per-position loss weights."""
+    cfg = config.train.dflash
+    mask = cfg.mask_token_id
+    if mask is None:
+        tokenizer = load_tokenizer(config.target)
+        mask = default_mask_token(tokenizer, stop_token_ids(tokenizer))
+    spec = dflash_spec(base, config.train, mask)
+    return spec, BlockObjective(cfg.anchors, cfg.block_size), decay_weights(cfg.block_size, cfg.decay)
+
+
 def load_target(config: RunConfig, world: World) -> tuple[object | None, TargetParts]:
     """The target model when this process runs it (online, or for evaluation), and its head parts."""
     if runs_target(config):
@@ -109,7 +122,7 @@ def build_source(config: RunConfig, paths: RunPaths, model, world: World, starte
         num_layers = num_decoder_layers(model)
         aux_layers = started.marker["fingerprint"]["extract.aux_layers"]
         try:
-            check_aux_layers(aux_layers, num_layers)
+            check_aux_layers(aux_layers, num_layers, count=None if cfg.drafter == "dflash" else 3)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         samples = read_split(paths, "train", cfg.max_seq_len)
@@ -152,7 +165,7 @@ def autocast_for(device: torch.device):
     return contextlib.nullcontext
 
 
-def parallelize(drafter: Eagle3Drafter, parallel: str, world: World):
+def parallelize(drafter: torch.nn.Module, parallel: str, world: World):
     """The module training calls: the drafter itself, its DDP wrapper, or the drafter sharded
     in place by FSDP2 (parameters become DTensors, so this runs before the optimizer exists)."""
     if not world.distributed:
@@ -173,7 +186,8 @@ class Trainer:
     cfg: TrainConfig
     world: World
     paths: RunPaths
-    drafter: Eagle3Drafter
+    drafter: torch.nn.Module
+    """An :class:`~eyas.drafter.model.Eagle3Drafter` or a :class:`~eyas.drafter.dflash.DFlashDrafter`."""
     forward: torch.nn.Module
     """What the step calls: the drafter, or its DDP wrapper (see :func:`parallelize`)."""
     params: list[torch.nn.Parameter]
@@ -184,12 +198,13 @@ class Trainer:
     held_out: HeldOutDecoding | None
     """What τ is measured on during training (None: not measured; final is the last step)."""
     schedule: Schedule
-    head: TargetHead
+    objective: TTTObjective | BlockObjective
     total: int
     made_with: dict
     """:func:`resume_key`: what this run's checkpoints are made with."""
     step_weights: torch.Tensor
-    """[ttt_steps] float64: the weight of TTT step k's loss, ``step_weight ** k``."""
+    """[objective.positions] float64: the weight of each TTT step's loss (``step_weight ** k``),
+    or of each DFlash block position's (``exp(-(k-1)/γ)``)."""
     autocast: Callable
     metrics: MetricsLog = field(init=False)
     """Opened by :func:`resume`."""
@@ -208,12 +223,20 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
     source, aux_layers = build_source(config, paths, model, world, started)
     eval_source = build_eval_source(config, paths, model, aux_layers, world)
     held_out = build_held_out_decoding(config, paths, model)
-    d2t, t2d = prepare_vocab(config, paths, parts.config.vocab_size, world)
-    spec = spec_for_target(parts.config, cfg, aux_layers, d2t.shape[0])
+    base = spec_for_target(parts.config, cfg, aux_layers, parts.config.vocab_size)
+    if cfg.drafter == "dflash":
+        spec, objective, weights = build_dflash(config, base)
+    else:
+        d2t, t2d = prepare_vocab(config, paths, parts.config.vocab_size, world)
+        spec = replace(base, draft_vocab_size=d2t.shape[0])
+        used = torch.arange(d2t.shape[0], device=world.device) + d2t.to(world.device)
+        objective = TTTObjective(TargetHead(parts.lm_head, used, t2d.to(world.device)), cfg.ttt_steps)
+        weights = [cfg.step_weight**k for k in range(cfg.ttt_steps)]
 
     torch.manual_seed(cfg.seed)
-    drafter = Eagle3Drafter(spec, parts.embedding).to(world.device)
-    drafter.set_vocab(d2t, t2d)
+    drafter = new_drafter(spec, parts.embedding, parts.lm_head).to(world.device)
+    if cfg.drafter == "eagle3":
+        drafter.set_vocab(d2t, t2d)
     if cfg.init_from:
         warm_start(drafter, Path(cfg.init_from), parts.config.num_hidden_layers)
     drafter.train()
@@ -224,7 +247,6 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
     total = math.ceil(cfg.epochs * schedule.steps_per_epoch)
     total = min(total, cfg.max_steps) if cfg.max_steps else total
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(total, round(cfg.warmup_ratio * total)))
-    used = torch.arange(d2t.shape[0], device=world.device) + d2t.to(world.device)
     return Trainer(
         cfg=cfg,
         world=world,
@@ -238,10 +260,10 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
         eval_source=eval_source,
         held_out=held_out,
         schedule=schedule,
-        head=TargetHead(parts.lm_head, used, t2d.to(world.device)),
+        objective=objective,
         total=total,
         made_with=resume_key(started),
-        step_weights=torch.tensor([cfg.step_weight**k for k in range(cfg.ttt_steps)], dtype=torch.float64),
+        step_weights=torch.tensor(weights, dtype=torch.float64),
         autocast=autocast_for(world.device),
     )
 
@@ -269,8 +291,10 @@ def train_step(trainer: Trainer) -> dict:
     cfg, world = trainer.cfg, trainer.world
     started = time.perf_counter()
     batch = trainer.source.batch(trainer.schedule.rank_batch(trainer.step, world.rank, world.size))
+    # Seeded by the step, not drawn from a stream, so a resumed run draws what it would have.
+    generator = torch.Generator().manual_seed(hash((cfg.seed, trainer.step, world.rank)) & (2**63 - 1))
     with trainer.autocast():
-        stats = batch_stats(trainer.forward, trainer.drafter, batch, trainer.head, cfg.ttt_steps)
+        stats = trainer.objective.stats(trainer.forward, trainer.drafter, batch, generator)
     sums = world.sum(totals(stats))
     weights = trainer.step_weights
     loss = sum(
@@ -315,8 +339,7 @@ def score_eval_split(trainer: Trainer) -> None:
     scores = evaluate(
         trainer.drafter,
         trainer.eval_source,
-        trainer.head,
-        cfg.ttt_steps,
+        trainer.objective,
         cfg.batch_size,
         trainer.world,
         trainer.autocast,

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from eyas.drafter.model import Eagle3Drafter
+from eyas.drafter.families import new_drafter
 from eyas.speculate.decode import TargetRunner, speculative_decode
-from eyas.speculate.eagle import EagleProposer
+from eyas.speculate.dflash import proposer_for
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +45,13 @@ class HeldOutDecoding:
     stop_ids: set[int]
 
     @torch.inference_mode()
-    def measure(self, drafter: Eagle3Drafter) -> dict:
+    def measure(self, drafter) -> dict:
         """τ (generated tokens ÷ verification passes, pooled over prompts) and the share of passes
         that accepted the draft at each position, as eval reports them."""
         started = time.perf_counter()
         generated, passes, accepted = 0, 0, [0] * self.draft_tokens
         with TargetRunner(self.model, list(drafter.spec.aux_layers)) as runner:
-            proposer = EagleProposer(drafter)
+            proposer = proposer_for(drafter)
             for prompt in self.prompts:
                 out = speculative_decode(runner, proposer, prompt, self.draft_tokens, self.new_tokens, self.stop_ids)
                 generated, passes = generated + len(out.tokens) - 1, passes + out.passes
@@ -64,11 +64,11 @@ class HeldOutDecoding:
         }
 
 
-def unsharded_copy(drafter: Eagle3Drafter, weights: dict[str, torch.Tensor], model: torch.nn.Module) -> Eagle3Drafter:
-    """A plain drafter holding ``weights`` (full tensors) on the target's device, for decoding
-    outside the training wrappers."""
+def unsharded_copy(drafter, weights: dict[str, torch.Tensor], model: torch.nn.Module):
+    """A plain drafter of the same family holding ``weights`` (full tensors) on the target's
+    device, for decoding outside the training wrappers."""
     embedding = model.get_input_embeddings().weight
-    copy = Eagle3Drafter(drafter.spec, embedding)
+    copy = new_drafter(drafter.spec, embedding, model.get_output_embeddings().weight)
     copy.load_weights(weights, "the drafter in training")
     return copy.to(embedding.device).eval()
 

@@ -1,0 +1,244 @@
+"""The DFlash drafter: a block-diffusion draft that proposes a whole block in one forward pass.
+
+Shape (names are the exported weight names, z-lab's ``DFlashDraftModel`` layout that vLLM,
+SGLang and llama.cpp's converter read):
+
+- ``fc``: Linear(n·H_target → H) over the context features (the outputs of the target layers
+  ``aux_layers``, concatenated), then ``hidden_norm``;
+- ``layers.i``: Qwen3-style decoder layers (RMSNorm on each head's queries and keys). Queries
+  come from the block only; keys and values are the block's own *and* the context's, both
+  through the same ``k_proj``/``v_proj`` (the context skips ``input_layernorm``);
+- ``norm``, then the target's own ``lm_head`` (``target_head`` here); the token embedding is the target's too. Neither
+  is trained nor saved.
+
+A block is ``[last committed token, mask × (block_size − 1)]`` at positions p..p+block_size−1;
+it attends to every committed position < p and, non-causally, to all of itself. The output at
+block position j predicts the token at p+j, so one pass drafts ``block_size − 1`` tokens.
+Training (:meth:`DFlashDrafter.blocks`) and drafting (:class:`DFlashSession`) share
+:meth:`DFlashLayer.context_kv` and :meth:`DFlashLayer.forward`, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+from eyas.drafter.model import expand_kv, saved_only
+from eyas.drafter.spec import DrafterSpec
+
+OUTPUT_NORM_INIT = 0.1
+"""Starting weight of the final norm. A fresh block position is little more than its input
+embedding, which a tied target head (SmolLM2's) maps to a logit ~60 nats above the rest at that
+very token; starting the norm small starts every prediction near uniform, and on the embedded
+target a drafter overfits a sequence in about half the steps it takes from 1.0."""
+
+
+@dataclass(frozen=True)
+class DFlashSpec(DrafterSpec):
+    """A drafter spec plus what makes it DFlash; ``aux_layers`` are the context-feature layers
+    (any number) and ``draft_vocab_size`` is the target's (DFlash drafts over the full vocabulary)."""
+
+    num_layers: int = 1
+    block_size: int = 4
+    mask_token_id: int = 0
+
+    @property
+    def draft_tokens(self) -> int:
+        return self.block_size - 1
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, spec: DFlashSpec) -> None:
+        super().__init__()
+        h, d = spec.hidden_size, spec.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_attention_heads, spec.num_key_value_heads, d
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(h, spec.num_attention_heads * d, bias=False)
+        self.self_attn.k_proj = nn.Linear(h, spec.num_key_value_heads * d, bias=False)
+        self.self_attn.v_proj = nn.Linear(h, spec.num_key_value_heads * d, bias=False)
+        self.self_attn.o_proj = nn.Linear(spec.num_attention_heads * d, h, bias=False)
+        self.self_attn.q_norm = LlamaRMSNorm(d, eps=spec.rms_norm_eps)
+        self.self_attn.k_norm = LlamaRMSNorm(d, eps=spec.rms_norm_eps)
+        self.mlp = LlamaMLP(spec.llama_config())
+        self.input_layernorm = LlamaRMSNorm(h, eps=spec.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=spec.rms_norm_eps)
+
+    def _heads(self, x: Tensor, proj: nn.Linear, heads: int) -> Tensor:
+        b, t, _ = x.shape
+        return proj(x).view(b, t, heads, self.head_dim)
+
+    def context_kv(self, context: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+        """Rotated keys and values [B,kv_heads,T,d] of the fused context features [B,T,H]."""
+        attn = self.self_attn
+        k = attn.k_norm(self._heads(context, attn.k_proj, self.num_kv_heads)).transpose(1, 2)
+        v = self._heads(context, attn.v_proj, self.num_kv_heads).transpose(1, 2)
+        k, _ = apply_rotary_pos_emb(k, k, cos, sin)
+        return k, v
+
+    def forward(
+        self, x: Tensor, context_k: Tensor, context_v: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None
+    ) -> Tensor:
+        """Block rows x [B,Q,H] attending to the context's keys/values then their own (``mask``
+        [B,1,Q,T+Q] bool, None: everything visible)."""
+        attn = self.self_attn
+        h = self.input_layernorm(x)
+        q = attn.q_norm(self._heads(h, attn.q_proj, self.num_heads)).transpose(1, 2)
+        k = attn.k_norm(self._heads(h, attn.k_proj, self.num_kv_heads)).transpose(1, 2)
+        v = self._heads(h, attn.v_proj, self.num_kv_heads).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        keys = expand_kv(torch.cat([context_k, k], dim=2), self.num_heads)
+        values = expand_kv(torch.cat([context_v, v], dim=2), self.num_heads)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        b, _, n, _ = out.shape
+        x = x + attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DFlashDrafter(nn.Module):
+    """DFlash draft model; see the module docstring for the shape."""
+
+    def __init__(self, spec: DFlashSpec, embedding: Tensor | None = None, lm_head: Tensor | None = None) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.embed_tokens.requires_grad_(False)
+        self.target_head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+        self.target_head.requires_grad_(False)
+        if embedding is not None:
+            self.set_target_parts(embedding, embedding if lm_head is None else lm_head)
+        self.fc = nn.Linear(len(spec.aux_layers) * spec.target_hidden_size, spec.hidden_size, bias=False)
+        self.hidden_norm = LlamaRMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        self.layers = nn.ModuleList(DFlashLayer(spec) for _ in range(spec.num_layers))
+        self.norm = LlamaRMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
+        with torch.no_grad():
+            self.norm.weight.fill_(OUTPUT_NORM_INIT)
+        self.rotary = LlamaRotaryEmbedding(spec.llama_config())
+
+    def set_target_parts(self, embedding: Tensor, lm_head: Tensor) -> None:
+        """The target's token embedding and output head (frozen; shared when dtype and device match)."""
+        shape = (self.spec.vocab_size, self.spec.hidden_size)
+        for name, weight in (("embedding", embedding), ("lm_head", lm_head)):
+            if tuple(weight.shape) != shape:
+                raise ValueError(f"target {name} is {tuple(weight.shape)}, the drafter needs {shape}")
+        self.embed_tokens.weight = nn.Parameter(embedding.detach().to(torch.float32), requires_grad=False)
+        self.target_head.weight = nn.Parameter(lm_head.detach().to(torch.float32), requires_grad=False)
+
+    def context(self, features: Tensor) -> Tensor:
+        """Fused context [B,T,H] from the target layers' outputs [B,T,n·H_target]."""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    def block_inputs(self, last_tokens: Tensor) -> Tensor:
+        """Embedded blocks [B,N·block_size,H]: each of ``last_tokens`` [B,N] then mask tokens."""
+        b, n = last_tokens.shape
+        ids = torch.full((b, n, self.spec.block_size), self.spec.mask_token_id, device=last_tokens.device)
+        ids[:, :, 0] = last_tokens
+        return self.embed_tokens(ids.view(b, -1))
+
+    def run_layers(self, x: Tensor, context: Tensor, context_pos: Tensor, block_pos: Tensor, mask) -> Tensor:
+        """The layers over block rows x; returns the normed hidden states [B,Q,H]."""
+        ctx_cos, ctx_sin = self.rotary(x, context_pos)
+        cos, sin = self.rotary(x, block_pos)
+        for layer in self.layers:
+            k, v = layer.context_kv(context, ctx_cos, ctx_sin)
+            x = layer(x, k, v, cos, sin, mask)
+        return self.norm(x)
+
+    def blocks(self, features: Tensor, input_ids: Tensor, anchors: Tensor) -> Tensor:
+        """Training: draft logits [B,N,block_size−1,V] for blocks anchored at ``anchors`` [B,N]
+        (position of each block's committed token; −1: no block), all in one pass. Block n sees
+        the context before its anchor and the whole of itself, as in serving."""
+        b, t = input_ids.shape
+        n, size = anchors.shape[1], self.spec.block_size
+        valid = anchors >= 0
+        start = anchors.clamp(min=0)
+        x = self.block_inputs(input_ids.gather(1, start))
+        offsets = torch.arange(size, device=anchors.device)
+        block_pos = (start[..., None] + offsets).view(b, n * size)
+        context_pos = torch.arange(t, device=anchors.device).expand(b, t)
+        sees_context = context_pos[:, None, :] < start.repeat_interleave(size, dim=1)[..., None]
+        sees_context &= valid.repeat_interleave(size, dim=1)[..., None]
+        block_of = torch.arange(n, device=anchors.device).repeat_interleave(size)
+        sees_block = (block_of[:, None] == block_of[None, :]).expand(b, -1, -1)
+        mask = torch.cat([sees_context, sees_block], dim=-1)[:, None]
+        hidden = self.run_layers(x, self.context(features), context_pos, block_pos, mask)
+        return self.target_head(hidden.view(b, n, size, -1)[:, :, 1:])
+
+    def forward(self, features: Tensor, input_ids: Tensor, anchors: Tensor) -> Tensor:
+        """:meth:`blocks` (what DDP wraps)."""
+        return self.blocks(features, input_ids, anchors)
+
+    def save(self, directory: str | Path) -> None:
+        """Write ``config.json`` and ``model.safetensors`` in the DFlash layout."""
+        from eyas.drafter.layout import save_drafter
+
+        save_drafter(self.trainable_state_dict(), self.spec, Path(directory))
+
+    def trainable_state_dict(self) -> dict[str, Tensor]:
+        """Everything that is saved: all weights but the target's embedding and head."""
+        return saved_only(self.state_dict())
+
+    def check_weights(self, weights: dict[str, Tensor], source: str) -> None:
+        expected = set(self.trainable_state_dict())
+        missing, unexpected = expected - set(weights), set(weights) - expected
+        if missing or unexpected:
+            raise ValueError(
+                f"{source}: DFlash drafter weights do not match the config"
+                f" (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
+            )
+
+    def load_weights(self, weights: dict[str, Tensor], source: str) -> None:
+        self.check_weights(weights, source)
+        self.load_state_dict(weights, strict=False)
+
+
+class DFlashSession:
+    """Block drafting for one sequence (batch 1), as llama.cpp's ``draft-dflash`` runs it: the
+    context keys/values of committed positions are kept per layer; each proposal runs one block."""
+
+    def __init__(self, drafter: DFlashDrafter) -> None:
+        self.drafter = drafter
+        self.length = 0
+        """Committed positions whose context features are in the cache."""
+        self.last_token: int | None = None
+        self._kv: list[tuple[Tensor, Tensor]] = []
+
+    @torch.no_grad()
+    def append(self, features: Tensor, next_tokens: Tensor) -> None:
+        """Commit n positions p..p+n−1: ``features[j]`` the target layers' outputs at p+j,
+        ``next_tokens[j]`` the token at p+j+1 (the last one anchors the next block)."""
+        if features.shape[0] == 0:
+            return
+        d = self.drafter
+        context = d.context(features.to(d.fc.weight.device)[None])
+        positions = torch.arange(self.length, self.length + features.shape[0], device=context.device)[None]
+        cos, sin = d.rotary(context, positions)
+        new = [layer.context_kv(context, cos, sin) for layer in d.layers]
+        self._kv = (
+            new
+            if not self._kv
+            else [(torch.cat([k0, k], 2), torch.cat([v0, v], 2)) for (k0, v0), (k, v) in zip(self._kv, new)]
+        )
+        self.length += features.shape[0]
+        self.last_token = int(next_tokens[-1])
+
+    @torch.no_grad()
+    def block_logits(self, k: int) -> Tensor:
+        """Logits [min(k, block_size − 1), V] of one block pass after the committed positions."""
+        if self.last_token is None:
+            raise RuntimeError("propose() needs at least one append() first")
+        d = self.drafter
+        device = d.fc.weight.device
+        x = d.block_inputs(torch.tensor([[self.last_token]], device=device))
+        cos, sin = d.rotary(x, torch.arange(self.length, self.length + d.spec.block_size, device=device)[None])
+        for layer, (ck, cv) in zip(d.layers, self._kv):
+            x = layer(x, ck, cv, cos, sin, None)
+        return d.target_head(d.norm(x))[0, 1 : 1 + min(k, d.spec.draft_tokens)]
+
+    def propose(self, k: int) -> list[int]:
+        """Up to min(k, block_size − 1) greedy drafts from one block pass."""
+        return self.block_logits(k).argmax(-1).tolist()
