@@ -11,8 +11,10 @@ from tests.train.conftest import copy_run, load_tiny
 
 
 @pytest.mark.slow
-def test_offline_from_shards_matches_online(merged_run, tmp_path):
-    settings = {"max_steps": 4, "epochs": 10.0}
+@pytest.mark.parametrize("drafter", ["eagle3", "dflash"])
+def test_offline_from_shards_matches_online(merged_run, tmp_path, drafter):
+    # DFlash reads the same three captured layers as its context features.
+    settings = {"max_steps": 4, "epochs": 10.0, "drafter": drafter}
     offline = copy_run(merged_run, tmp_path / "offline")
     eyas.train.run(load_tiny(merged_run, **settings), quiet=True)
     config = load_tiny(offline, "offline", eval_with_target=True, **settings)
