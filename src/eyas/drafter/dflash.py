@@ -21,14 +21,13 @@ Training (:meth:`DFlashDrafter.blocks`) and drafting (:class:`DFlashSession`) sh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from eyas.drafter.model import expand_kv, saved_only
+from eyas.drafter.model import DrafterWeights, attention_projections, expand_kv
 from eyas.drafter.spec import DrafterSpec
 
 OUTPUT_NORM_INIT = 0.1
@@ -57,11 +56,7 @@ class DFlashLayer(nn.Module):
         super().__init__()
         h, d = spec.hidden_size, spec.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_attention_heads, spec.num_key_value_heads, d
-        self.self_attn = nn.Module()
-        self.self_attn.q_proj = nn.Linear(h, spec.num_attention_heads * d, bias=False)
-        self.self_attn.k_proj = nn.Linear(h, spec.num_key_value_heads * d, bias=False)
-        self.self_attn.v_proj = nn.Linear(h, spec.num_key_value_heads * d, bias=False)
-        self.self_attn.o_proj = nn.Linear(spec.num_attention_heads * d, h, bias=False)
+        self.self_attn = attention_projections(spec, h)
         self.self_attn.q_norm = LlamaRMSNorm(d, eps=spec.rms_norm_eps)
         self.self_attn.k_norm = LlamaRMSNorm(d, eps=spec.rms_norm_eps)
         self.mlp = LlamaMLP(spec.llama_config())
@@ -99,7 +94,7 @@ class DFlashLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DFlashDrafter(nn.Module):
+class DFlashDrafter(DrafterWeights, nn.Module):
     """DFlash draft model; see the module docstring for the shape."""
 
     def __init__(self, spec: DFlashSpec, embedding: Tensor | None = None, lm_head: Tensor | None = None) -> None:
@@ -171,29 +166,6 @@ class DFlashDrafter(nn.Module):
     def forward(self, features: Tensor, input_ids: Tensor, anchors: Tensor) -> Tensor:
         """:meth:`blocks` (what DDP wraps)."""
         return self.blocks(features, input_ids, anchors)
-
-    def save(self, directory: str | Path) -> None:
-        """Write ``config.json`` and ``model.safetensors`` in the DFlash layout."""
-        from eyas.drafter.layout import save_drafter
-
-        save_drafter(self.trainable_state_dict(), self.spec, Path(directory))
-
-    def trainable_state_dict(self) -> dict[str, Tensor]:
-        """Everything that is saved: all weights but the target's embedding and head."""
-        return saved_only(self.state_dict())
-
-    def check_weights(self, weights: dict[str, Tensor], source: str) -> None:
-        expected = set(self.trainable_state_dict())
-        missing, unexpected = expected - set(weights), set(weights) - expected
-        if missing or unexpected:
-            raise ValueError(
-                f"{source}: DFlash drafter weights do not match the config"
-                f" (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
-            )
-
-    def load_weights(self, weights: dict[str, Tensor], source: str) -> None:
-        self.check_weights(weights, source)
-        self.load_state_dict(weights, strict=False)
 
 
 class DFlashSession:

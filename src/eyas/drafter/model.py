@@ -29,18 +29,30 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 from eyas.drafter.spec import DrafterSpec
 
 
+def attention_projections(spec: DrafterSpec, input_width: int) -> nn.Module:
+    """``self_attn`` with the q/k/v/o projections under the names the engines load, reading
+    ``input_width`` features (EAGLE-3's layer reads 2H, DFlash's H)."""
+    heads, kv = spec.num_attention_heads * spec.head_dim, spec.num_key_value_heads * spec.head_dim
+    attn = nn.Module()
+    attn.q_proj = nn.Linear(input_width, heads, bias=False)
+    attn.k_proj = nn.Linear(input_width, kv, bias=False)
+    attn.v_proj = nn.Linear(input_width, kv, bias=False)
+    attn.o_proj = nn.Linear(heads, spec.hidden_size, bias=False)
+    return attn
+
+
 class Midlayer(nn.Module):
     """The drafter's single decoder layer; attention math is left to the caller (masks differ)."""
 
     def __init__(self, spec: DrafterSpec) -> None:
         super().__init__()
-        h, d = spec.hidden_size, spec.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_attention_heads, spec.num_key_value_heads, d
-        self.self_attn = nn.Module()
-        self.self_attn.q_proj = nn.Linear(2 * h, spec.num_attention_heads * d, bias=False)
-        self.self_attn.k_proj = nn.Linear(2 * h, spec.num_key_value_heads * d, bias=False)
-        self.self_attn.v_proj = nn.Linear(2 * h, spec.num_key_value_heads * d, bias=False)
-        self.self_attn.o_proj = nn.Linear(spec.num_attention_heads * d, h, bias=False)
+        h = spec.hidden_size
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            spec.num_attention_heads,
+            spec.num_key_value_heads,
+            spec.head_dim,
+        )
+        self.self_attn = attention_projections(spec, 2 * h)
         self.mlp = LlamaMLP(spec.llama_config())
         self.input_layernorm = LlamaRMSNorm(h, eps=spec.rms_norm_eps)
         self.hidden_norm = LlamaRMSNorm(h, eps=spec.rms_norm_eps)
@@ -88,7 +100,37 @@ def ttt_attention(q: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, extra: li
     return out
 
 
-class Eagle3Drafter(nn.Module):
+class DrafterWeights:
+    """What both families share about their saved weights: everything but the target's parts."""
+
+    spec: DrafterSpec
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """Everything that is saved: all weights and buffers except the target's embedding and head."""
+        return saved_only(self.state_dict())
+
+    def save(self, directory: str | Path) -> None:
+        """Write ``config.json`` and ``model.safetensors`` in the family's servable layout."""
+        from eyas.drafter.layout import save_drafter
+
+        save_drafter(self.trainable_state_dict(), self.spec, Path(directory))
+
+    def check_weights(self, weights: dict[str, torch.Tensor], source: str) -> None:
+        """Refuse a weight set whose names differ from this drafter's (shapes are checked on load)."""
+        expected = set(self.trainable_state_dict())
+        missing, unexpected = expected - set(weights), set(weights) - expected
+        if missing or unexpected:
+            raise ValueError(
+                f"{source}: drafter weights do not match the config"
+                f" (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
+            )
+
+    def load_weights(self, weights: dict[str, torch.Tensor], source: str) -> None:
+        self.check_weights(weights, source)
+        self.load_state_dict(weights, strict=False)
+
+
+class Eagle3Drafter(DrafterWeights, nn.Module):
     """EAGLE-3 draft model; see the module docstring for the shape."""
 
     def __init__(self, spec: DrafterSpec, embedding: torch.Tensor | None = None) -> None:
@@ -159,16 +201,6 @@ class Eagle3Drafter(nn.Module):
         """All steps' logits at once (what DDP wraps)."""
         return list(self.unroll(aux, input_ids, steps))
 
-    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
-        """Everything that is saved: all weights and buffers except the target's embedding."""
-        return saved_only(self.state_dict())
-
-    def save(self, directory: str | Path) -> None:
-        """Write ``config.json`` and ``model.safetensors`` in the SGLang/vLLM layout."""
-        from eyas.drafter.layout import save_drafter
-
-        save_drafter(self.trainable_state_dict(), self.spec, Path(directory))
-
     @classmethod
     def load(cls, directory: str | Path, target_model) -> Eagle3Drafter:
         """An EAGLE-3 drafter from a training checkpoint, ``train/final``, an export (any format)
@@ -179,20 +211,6 @@ class Eagle3Drafter(nn.Module):
         if not isinstance(drafter, cls):
             raise ValueError(f"{directory}: holds a {type(drafter).__name__}, not an EAGLE-3 drafter")
         return drafter
-
-    def check_weights(self, weights: dict[str, torch.Tensor], source: str) -> None:
-        """Refuse a weight set whose names differ from this drafter's (shapes are checked on load)."""
-        expected = set(self.trainable_state_dict())
-        missing, unexpected = expected - set(weights), set(weights) - expected
-        if missing or unexpected:
-            raise ValueError(
-                f"{source}: drafter weights do not match the config"
-                f" (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]})"
-            )
-
-    def load_weights(self, weights: dict[str, torch.Tensor], source: str) -> None:
-        self.check_weights(weights, source)
-        self.load_state_dict(weights, strict=False)
 
 
 def saved_only(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
