@@ -1,8 +1,9 @@
 """The DFlash objective: blocks anchored at random answer positions, scored per block position.
 
 Each sample gets up to ``train.dflash.anchors`` blocks, anchored (the block's committed token)
-at positions a drawn without replacement from those whose next token is an answer token; the
-draws come from a generator seeded by the step, so a resumed run draws the same blocks. Block
+at positions a drawn without replacement from those whose next token is an answer token; each
+sample's draw comes from a generator seeded by the step and the sample's index, so a resumed run
+draws the same blocks and N data-parallel ranks draw what one process would. Block
 position k predicts the token at a+k against the target's own distribution there (soft
 cross-entropy, as EAGLE-3's loss in :mod:`eyas.train.loss`); a position past the sample's end
 or outside the answer carries no loss, and a sample with fewer candidates than anchors gets
@@ -25,12 +26,14 @@ import torch.nn.functional as F
 from eyas.train.loss import StepStats
 
 
-def sample_anchors(loss_mask: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
-    """[B,count] anchor positions (−1: no block): positions a whose token a+1 is an answer token."""
+def sample_anchors(loss_mask: torch.Tensor, count: int, seeds: list[int]) -> torch.Tensor:
+    """[B,count] anchor positions (−1: no block): positions a whose token a+1 is an answer token,
+    row r's drawn with seed ``seeds[r]``."""
     candidates = F.pad(loss_mask[:, 1:], (0, 1), value=False).cpu()
     anchors = torch.full((loss_mask.shape[0], count), -1, dtype=torch.long)
-    for row, allowed in enumerate(candidates):
+    for row, (allowed, seed) in enumerate(zip(candidates, seeds)):
         where = allowed.nonzero().flatten()
+        generator = torch.Generator().manual_seed(seed)
         picked = where[torch.randperm(where.numel(), generator=generator)[:count]]
         anchors[row, : picked.numel()] = picked.sort().values
     return anchors.to(loss_mask.device)
@@ -52,8 +55,9 @@ class BlockObjective:
     def positions(self) -> int:
         return self.block_size - 1
 
-    def stats(self, forward, drafter, batch, generator: torch.Generator) -> list[StepStats]:
-        anchors = sample_anchors(batch.loss_mask, self.anchors, generator)
+    def stats(self, forward, drafter, batch, seeds: list[int]) -> list[StepStats]:
+        """Per block position sums over the batch; ``seeds``: one per sample, for its anchors."""
+        anchors = sample_anchors(batch.loss_mask, self.anchors, seeds)
         logits = forward(batch.aux, batch.input_ids, anchors)
         b, t = batch.input_ids.shape
         where = anchors.clamp(min=0)[..., None] + torch.arange(1, self.block_size, device=anchors.device)

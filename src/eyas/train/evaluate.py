@@ -50,7 +50,7 @@ class TTTObjective:
     def positions(self) -> int:
         return self.steps
 
-    def stats(self, forward, drafter, batch, generator: torch.Generator) -> list[StepStats]:
+    def stats(self, forward, drafter, batch, seeds: list[int]) -> list[StepStats]:
         return batch_stats(forward, drafter, batch, self.head, self.steps)
 
 
@@ -88,13 +88,12 @@ def evaluate(drafter, source, objective, batch_size: int, world, autocast) -> di
     for _ in range(len(batches), math.ceil(math.ceil(len(source) / world.size) / batch_size)):
         batches.append(None)
     sums = torch.zeros(4, objective.positions, dtype=torch.float64, device=world.device)
-    # DFlash draws its blocks: the same ones at every evaluation, so figures compare across steps.
-    generator = torch.Generator().manual_seed(world.rank)
     for indices in batches:
         batch = source.batch(indices or [0])
         if indices is None:
             batch = replace(batch, loss_mask=torch.zeros_like(batch.loss_mask))
         with autocast():
-            sums += totals(objective.stats(drafter, drafter, batch, generator))
+            # DFlash's blocks are seeded by the sample: the same ones at every evaluation.
+            sums += totals(objective.stats(drafter, drafter, batch, indices or [0]))
     drafter.train(was_training)
     return {**summarize(world.sum(sums)), "samples": len(source)}

@@ -290,11 +290,12 @@ def train_step(trainer: Trainer) -> dict:
     positions and multiplied by the world size, which undoes the gradient averaging over ranks."""
     cfg, world = trainer.cfg, trainer.world
     started = time.perf_counter()
-    batch = trainer.source.batch(trainer.schedule.rank_batch(trainer.step, world.rank, world.size))
-    # Seeded by the step, not drawn from a stream, so a resumed run draws what it would have.
-    generator = torch.Generator().manual_seed(hash((cfg.seed, trainer.step, world.rank)) & (2**63 - 1))
+    indices = trainer.schedule.rank_batch(trainer.step, world.rank, world.size)
+    batch = trainer.source.batch(indices)
+    # Seeded by step and sample, not drawn from a stream: a resumed run, or N ranks, draw what one would.
+    seeds = [hash((cfg.seed, trainer.step, i)) & (2**63 - 1) for i in indices]
     with trainer.autocast():
-        stats = trainer.objective.stats(trainer.forward, trainer.drafter, batch, generator)
+        stats = trainer.objective.stats(trainer.forward, trainer.drafter, batch, seeds)
     sums = world.sum(totals(stats))
     weights = trainer.step_weights
     loss = sum(
