@@ -81,6 +81,7 @@ def run(config: RunConfig, quiet: bool = False) -> list[Path]:
 def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None = None) -> Path:
     """Write one layout (to ``run_dir/export/FORMAT`` or ``out``); returns its directory."""
     from eyas.drafter import layout
+    from eyas.drafter.families import is_dflash
     from eyas.export.readme import serve_readme
     from eyas.target import load_model_config, resolve_target, text_config
     from eyas.target.capture import check_aux_layers
@@ -94,7 +95,7 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
     model_config = load_model_config(config.target)
     num_layers = text_config(model_config).num_hidden_layers
     spec, weights = layout.read_drafter(source, num_layers)
-    dflash = layout.family_of(source) == "dflash"
+    dflash = is_dflash(spec)
     try:
         check_aux_layers(
             list(spec.aux_layers), num_layers, f"{source / layout.CONFIG_FILE}: aux layers", None if dflash else 3
@@ -108,7 +109,9 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
     verifier = resolve_target(config.target).name_or_path
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    steps, dtype_name = config.eval.num_draft_tokens, layout.dtype_name(dtype)
+    dtype_name = layout.dtype_name(dtype)
+    # A DFlash drafter drafts at most its block size − 1 tokens a pass; engines clamp to that too.
+    steps = min(config.eval.num_draft_tokens, spec.draft_tokens) if dflash else config.eval.num_draft_tokens
     if format == "speculators":
         architectures = list(getattr(model_config, "architectures", None) or [])
         layout.save_speculators(weights, spec, tmp, verifier, architectures, steps, dtype)
@@ -119,10 +122,7 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
         readme = write_gguf(config.target, weights, spec, dtype, tmp, out.resolve(), steps)
     else:
         layout.save_drafter(weights, spec, tmp, dtype)
-        family = "dflash" if dflash else "eagle3"
-        readme = serve_readme(
-            format, out.resolve(), verifier, min(steps, getattr(spec, "draft_tokens", steps)), dtype_name, family
-        )
+        readme = serve_readme(format, out.resolve(), verifier, steps, dtype_name, "dflash" if dflash else "eagle3")
     (tmp / "README.md").write_text(readme)
     replace_dir(tmp, out)
     return out

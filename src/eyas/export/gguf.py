@@ -37,8 +37,6 @@ def write_gguf(target: TargetConfig, weights: dict, spec, dtype: torch.dtype, tm
     shutil.rmtree(hf)
     (tmp / (DRAFT_GGUF + ".log")).unlink(missing_ok=True)
     family = "dflash" if is_dflash(spec) else "eagle3"
-    if is_dflash(spec):
-        steps = min(steps, spec.draft_tokens)
     return gguf_readme(llamacpp.server, ggufs.same_precision, ggufs.shipped, out / DRAFT_GGUF, outtype, steps, family)
 
 
