@@ -202,9 +202,9 @@ def test_plan_uses_what_earlier_runs_measured_and_spent(tmp_path):
 @pytest.mark.slow
 def test_ctrl_c_saves_finished_work_and_the_rerun_completes(tmp_path):
     prompts = [f"interrupt question {i}" for i in range(40)]
-    fake = FakeOpenAI(latency_s=0.15)
+    fake = FakeOpenAI(latency_s=0.4)
     with FakeServer(fake) as server:
-        # Four in flight: the 40 answers take ten rounds, so the interrupt lands mid-run even when
+        # Four in flight: the 40 answers take ten rounds of 0.4 s, so the interrupt lands mid-run even when
         # the machine is busy (with all 40 in flight at once they could all land before it).
         config = write_config(tmp_path, server.base_url, prompts, concurrency=4)
         proc = subprocess.Popen(
