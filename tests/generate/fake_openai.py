@@ -74,6 +74,11 @@ class FakeOpenAI:
     arrivals: list = field(default_factory=list)
     """Monotonic arrival time of each request in `bodies`."""
     keep_bodies: bool = True
+    hold_after: int | None = None
+    """Answer this many requests, then hold every later one until :attr:`release` is set (so a
+    test can interrupt a run that cannot have finished, however slow the machine)."""
+    release: threading.Event = field(default_factory=threading.Event)
+    received: int = 0
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -104,6 +109,9 @@ class FakeOpenAI:
             self.bodies.append(body)
             self.arrivals.append(time.monotonic())
         prompt = body["messages"][-1]["content"]
+        self.received += 1
+        while self.hold_after is not None and self.received > self.hold_after and not self.release.is_set():
+            await asyncio.sleep(0.02)
         self.attempts[prompt] += 1
         attempt = self.attempts[prompt]
         directives = {m.group(1): int(m.group(2) or 1) for m in DIRECTIVE.finditer(prompt)}
