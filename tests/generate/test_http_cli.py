@@ -199,6 +199,11 @@ def test_plan_uses_what_earlier_runs_measured_and_spent(tmp_path):
     assert f"spent so far ${fake.charged:,.4f}" in result.stderr
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 @pytest.mark.slow
 def test_ctrl_c_saves_finished_work_and_the_rerun_completes(tmp_path):
     prompts = [f"interrupt question {i}" for i in range(40)]
@@ -207,8 +212,14 @@ def test_ctrl_c_saves_finished_work_and_the_rerun_completes(tmp_path):
     fake = FakeOpenAI(latency_s=0.05, hold_after=8)
     with FakeServer(fake) as server:
         config = write_config(tmp_path, server.base_url, prompts, concurrency=4)
+        # As a terminal would start it: SIGINT handled and unblocked, whatever earlier tests did to
+        # this process's signal state (a full suite once left the child deaf to it: exit 0, not 130).
         proc = subprocess.Popen(
-            [*EYAS, "generate", str(config), "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [*EYAS, "generate", str(config), "-q"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_default_sigint,
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(records(tmp_path)) < 6:
