@@ -19,7 +19,9 @@ from eyas.target.llamacpp import LlamaCppError
 from eyas.target.vllm import VllmError
 
 app = typer.Typer(
-    add_completion=False, no_args_is_help=True, help="Train EAGLE-3 drafters from a target model's own outputs."
+    add_completion=False,
+    no_args_is_help=True,
+    help="Train EAGLE-3 and DFlash drafters from a target model's own outputs.",
 )
 config_app = typer.Typer(no_args_is_help=True, help="Inspect run configs.")
 prompts_app = typer.Typer(no_args_is_help=True, help="Stage 1: prompt datasets.")
@@ -151,20 +153,20 @@ def train(
     redo: RedoOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Stage 6: train the EAGLE-3 drafter (resumes from the newest checkpoint; torchrun-aware)."""
+    """Stage 6: train the drafter, each family's in turn (resumes from the newest checkpoint; torchrun-aware)."""
     from eyas import train as stage
 
-    run_config = _open_run(config, quiet)
-    if not _ready(run_config, "train", config, redo):
-        return
-    result = stage.run(run_config, quiet, stop_after, redo)
-    if result["eval"] is not None:
-        accs = " ".join(f"{a:.3f}" for a in result["eval"]["acc"])
-        console.print(
-            f"eval: acc per step {accs}; simulated acceptance length {result['eval']['acceptance_length']:.3f}"
-        )
-    if result["final"] is not None:
-        console.print(f"drafter: {result['final']}")
+    for view in _open_run(config, quiet).drafter_views():
+        if not _ready(view, "train", config, redo):
+            continue
+        result = stage.run(view, quiet, stop_after, redo)
+        if result["eval"] is not None:
+            accs = " ".join(f"{a:.3f}" for a in result["eval"]["acc"])
+            console.print(
+                f"eval: acc per step {accs}; simulated acceptance length {result['eval']['acceptance_length']:.3f}"
+            )
+        if result["final"] is not None:
+            console.print(f"drafter: {result['final']}")
 
 
 @app.command()
@@ -177,22 +179,29 @@ def export(
             help="sglang, vllm, speculators or gguf: one extra layout (default: the layouts the run serves).",
         ),
     ] = None,
-    out: Annotated[Path | None, typer.Option(help="Output directory (default run_dir/export/FORMAT).")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Output directory (default run_dir/export/FORMAT; OUT/FAMILY for a run of several families)."
+        ),
+    ] = None,
     redo: RedoOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Write the trained drafter in a layout SGLang, vLLM or speculators serves."""
+    """Write the trained drafter (each family's) in a layout SGLang, vLLM, speculators or llama.cpp serves."""
     from eyas import export as stage
     from eyas import pipeline
 
-    run_config = _open_run(config, quiet)
-    if format is None and out is None:
-        if _ready(run_config, "export", config, redo):
-            for written in stage.run(run_config, quiet):
-                console.print(f"exported to {written}")
-        return
-    pipeline.require_inputs(run_config, "export", str(config))
-    console.print(f"exported to {stage.export_one(run_config, format or 'sglang', out)}")
+    views = _open_run(config, quiet).drafter_views()
+    for view in views:
+        if format is None and out is None:
+            if _ready(view, "export", config, redo):
+                for written in stage.run(view, quiet):
+                    console.print(f"exported to {written}")
+            continue
+        pipeline.require_inputs(view, "export", str(config))
+        where = out / view.train.drafter if out is not None and len(views) > 1 else out
+        console.print(f"exported to {stage.export_one(view, format or 'sglang', where)}")
 
 
 @app.command("eval")
@@ -217,29 +226,45 @@ def eval_(
     """Stage 7: speculative decoding with the drafter vs prompt lookup: τ, acceptance, lossless check.
 
     With --prompts, --draft or --engine other than the config's, the report goes to eval/<name>/
-    beside the run's own, which it never replaces."""
+    beside the run's own, which it never replaces. A run of several drafter families evaluates
+    each, then says which decodes faster."""
     from eyas import eval as stage
+    from eyas.eval.families import report_families
 
     if engine not in (None, "eyas", "vllm", "llamacpp"):
         raise ConfigError(f"--engine: {engine!r} is not one of eyas, vllm, llamacpp")
     own = _open_run(config, quiet)
-    run_config, name = stage.with_overrides(
-        own, str(prompts) if prompts else None, str(draft) if draft else None, engine
-    )
-    _ready(run_config, "eval", config, paths=stage.eval_paths(run_config, name), run_config=own)
-    _exit_on_eval_failures(stage.run(run_config, quiet, name))
+    views = own.drafter_views()
+    if draft is not None and len(views) > 1:
+        raise ConfigError(
+            f"--draft: {config} trains several drafter families (train.drafter: {own.train.families}); "
+            "--draft evaluates one drafter, so use it with a config of one family"
+        )
+    reports = {}
+    for view in views:
+        run_config, name = stage.with_overrides(
+            view, str(prompts) if prompts else None, str(draft) if draft else None, engine
+        )
+        _ready(run_config, "eval", config, paths=stage.eval_paths(run_config, name), run_config=view)
+        reports[view.train.drafter] = stage.run(run_config, quiet, name)
+    if len(views) > 1:
+        report_families(own, reports, quiet, name)
+    _exit_on_eval_failures(list(reports.values()))
 
 
-def _exit_on_eval_failures(report: dict) -> None:
+def _exit_on_eval_failures(reports: list[dict]) -> None:
     """Exit 1 when an output differs from greedy decoding or a serving engine disagrees with eyas."""
     from eyas.eval.report import engine_failures, lossless_failures
 
-    failures = lossless_failures(report)
-    if failures:
-        console.print(f"[bold red]lossless check failed:[/] outputs differ from greedy decoding: {failures}")
-    if engine_failures(report):
-        console.print("[bold red]vLLM disagrees with eyas[/] (the reasons are logged above)")
-    if failures or engine_failures(report):
+    failed = False
+    for report in reports:
+        failures = lossless_failures(report)
+        if failures:
+            console.print(f"[bold red]lossless check failed:[/] outputs differ from greedy decoding: {failures}")
+        if engine_failures(report):
+            console.print("[bold red]vLLM disagrees with eyas[/] (the reasons are logged above)")
+        failed |= bool(failures or engine_failures(report))
+    if failed:
         raise typer.Exit(1)
 
 
@@ -266,9 +291,7 @@ def run_stages(
         console.print(pipeline.status_table(run_config, pipeline.select(first, last)))
         return
     results = pipeline.run(run_config, quiet, first, last, verify_ids, config_path=str(config))
-    eval_report = results.get("eval", {}).get("result")
-    if eval_report:
-        _exit_on_eval_failures(eval_report)
+    _exit_on_eval_failures([r["result"] for r in results.values() if r["stage"] == "eval" and r["result"]])
 
 
 @app.command()

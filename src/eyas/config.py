@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 
 class ConfigError(Exception):
@@ -31,6 +31,7 @@ class Section(BaseModel):
 
 
 EMBEDDED_TARGET = "embedded"
+DrafterFamily = Literal["eagle3", "dflash"]
 
 
 class TargetConfig(Section):
@@ -334,8 +335,8 @@ class DFlashConfig(Section):
 
 
 class TrainConfig(Section):
-    drafter: Literal["eagle3", "dflash"] = "eagle3"
-    """Drafter family: `eagle3` (one layer, chain drafting with training-time test) or `dflash` (a block of drafts per pass, see `train.dflash`). DFlash reads the layers `extract.aux_layers` names (any number) as its context features, so both families train from the same extracted states."""
+    drafter: DrafterFamily | list[DrafterFamily] = "eagle3"
+    """Drafter family: `eagle3` (one layer, chain drafting with training-time test) or `dflash` (a block of drafts per pass, see `train.dflash`). DFlash reads the layers `extract.aux_layers` names (any number) as its context features, so both families train from the same extracted states. A list (`[eagle3, dflash]`) trains, exports and evaluates each from the one corpus and extraction, in `<run_dir>/<family>/`, and eval ends by saying which decodes faster (`<run_dir>/families.json`)."""
     dflash: DFlashConfig = DFlashConfig()
     ttt_steps: int = Field(default=7, ge=1)
     """Training-time-test unroll depth."""
@@ -388,9 +389,25 @@ class TrainConfig(Section):
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Under torchrun: `ddp` replicates the drafter on every rank; `fsdp` shards its weights, gradients and optimizer state (FSDP2)."""
 
+    @property
+    def families(self) -> list[str]:
+        """The drafter families this run trains, in the order given."""
+        return [self.drafter] if isinstance(self.drafter, str) else list(self.drafter)
+
+    @field_validator("drafter", mode="before")
+    @classmethod
+    def _families_named_once(cls, drafter: Any) -> Any:
+        """One message for every wrong shape (not pydantic's one per union member); a list of one
+        family is that family, in the usual layout."""
+        families = drafter if isinstance(drafter, list) else [drafter]
+        known = get_args(DrafterFamily)
+        if not families or not all(f in known for f in families) or len(set(families)) < len(families):
+            raise ValueError(f"one of {', '.join(known)}, or a list naming each at most once")
+        return families[0] if len(families) == 1 else families
+
     @model_validator(mode="after")
     def _warm_start_is_eagle3(self) -> TrainConfig:
-        if self.drafter == "dflash" and self.init_from:
+        if "dflash" in self.families and self.init_from:
             raise ValueError(
                 "init_from: warm start loads EAGLE-3 drafters; a DFlash drafter trains from random weights"
             )
@@ -454,13 +471,16 @@ class RunConfig(Section):
     extract: ExtractConfig = ExtractConfig()
     """Stage 5: target hidden states."""
     train: TrainConfig = TrainConfig()
-    """Stage 6: the EAGLE-3 drafter."""
+    """Stage 6: the drafter (EAGLE-3, DFlash, or each of them)."""
     eval: EvalConfig = EvalConfig()
     """Stage 7: speculative decoding with the trained drafter."""
+    _family_subdir: str | None = PrivateAttr(default=None)
+    """On the per-family views of a run that trains several drafter families: the subdirectory
+    of run_dir that holds this family's train, export and eval (:meth:`drafter_views`)."""
 
     @model_validator(mode="after")
     def _dflash_served_where_checked(self) -> RunConfig:
-        if self.train.drafter == "dflash" and self.eval.engine == "vllm":
+        if "dflash" in self.train.families and self.eval.engine == "vllm":
             raise ValueError(
                 "eval.engine: vllm is not checked with DFlash drafters (vLLM's CPU build here runs no DFlash "
                 "proposer); use `llamacpp` or `eyas`"
@@ -479,6 +499,24 @@ class RunConfig(Section):
     def regenerated(self) -> list[DatasetConfig]:
         """The datasets whose answers the target writes (the rest are used as they are)."""
         return [d for d in self.datasets if d.regenerate]
+
+    @property
+    def family_subdir(self) -> str | None:
+        return self._family_subdir
+
+    def drafter_views(self) -> list[RunConfig]:
+        """The run as each of its drafter families trains, exports and evaluates it: the config
+        itself when it trains one family; else, per family, a copy with ``train.drafter`` set to
+        it whose stage directories train, export and eval lie under ``<run_dir>/<family>/``
+        (:meth:`eyas.paths.RunPaths.of`). The stages before train are the run's, shared."""
+        if isinstance(self.train.drafter, str):
+            return [self]
+        views = []
+        for family in self.train.drafter:
+            view = self.model_copy(update={"train": self.train.model_copy(update={"drafter": family})})
+            view._family_subdir = family
+            views.append(view)
+        return views
 
     def dataset(self, name: str) -> DatasetConfig:
         for d in self.datasets:

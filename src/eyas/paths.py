@@ -17,6 +17,9 @@ DRAFT_GGUF = "draft.gguf"
 """File names also used inside directories a stage writes elsewhere first (a temporary merge
 directory renamed into place) or that a reader opens by directory (hidden states)."""
 REDO_SUFFIX = ".redo"
+FAMILY_STAGES = ("train", "export", "eval")
+"""The stages, and so the stage directories, each drafter family of a run has to itself
+(``<run_dir>/<family>/``) when the run trains several; the stages before them are shared."""
 
 
 @dataclass(frozen=True)
@@ -27,15 +30,20 @@ class RunPaths:
 
     @classmethod
     def of(cls, config) -> RunPaths:
-        """The layout of a loaded RunConfig's run_dir."""
-        return cls(Path(config.run_dir))
+        """The layout of a loaded RunConfig's run_dir; for one family of a run that trains several
+        (:meth:`eyas.config.RunConfig.drafter_views`), with that family's stage directories."""
+        root = Path(config.run_dir)
+        family = config.family_subdir
+        if family is None:
+            return cls(root)
+        return cls(root, tuple((name, root / family / name) for name in FAMILY_STAGES))
 
     def _dir(self, name: str) -> Path:
         return dict(self.moved).get(name, self.root / name)
 
     def rebuilding(self, name: str) -> RunPaths:
         """This layout with stage directory ``name`` (``hidden``, ``train``) in its redo place."""
-        return self.moving(name, self.root / (name + REDO_SUFFIX))
+        return self.moving(name, self._dir(name).with_name(name + REDO_SUFFIX))
 
     def moving(self, name: str, path: Path) -> RunPaths:
         return RunPaths(self.root, (*((n, p) for n, p in self.moved if n != name), (name, path)))

@@ -11,6 +11,10 @@ A stage is also stale when a stage before it is not current: it will be redone a
   always run: they keep per-record results keyed by content and redo exactly what changed.
   Generate's records are never set aside by ``eyas run``: they may have cost money, so a change
   of sampling settings stops the run and names ``eyas generate CONFIG --redo``.
+- A run that trains several drafter families (``train.drafter: [eagle3, dflash]``) shares
+  every stage up to extract, then trains, exports and evaluates each family in turn, in its
+  own ``<run_dir>/<family>/``; each family's steps are current, stale or missing on their
+  own. When all are evaluated, :mod:`eyas.eval.families` says which decodes faster.
 - A stage's own command (:func:`prepare`) refuses to start on input that is not current, and
   refuses to replace outputs made otherwise unless given ``--redo``; a longer training run
   needs no ``--redo``: it continues.
@@ -28,7 +32,7 @@ from rich.table import Table
 
 from eyas.config import ConfigError, RunConfig
 from eyas.console import console
-from eyas.paths import RunPaths
+from eyas.paths import FAMILY_STAGES, RunPaths
 from eyas.stage import StageContract, StageError, StageState, check
 
 log = logging.getLogger(__name__)
@@ -82,17 +86,53 @@ def upstream(config: RunConfig, name: str) -> list[str]:
     return [s for s in STAGE_NAMES if s in needed]
 
 
-def statuses(config: RunConfig, paths: RunPaths | None = None) -> dict[str, StageState]:
-    """Every active stage's state, before anything runs; a stage after one that is not current
-    is stale too, since running it would redo it."""
-    paths = paths or RunPaths.of(config)
+@dataclass(frozen=True)
+class Step:
+    """A stage as a run executes it: the run's own, or one drafter family's train, export or eval
+    when the run trains several families (:meth:`RunConfig.drafter_views`)."""
+
+    stage: Stage
+    config: RunConfig
+    """The run's config, or the family's view of it."""
+
+    @property
+    def name(self) -> str:
+        return label(self.stage.name, self.config)
+
+    def before(self) -> list[tuple[str, Stage]]:
+        """Every step this one depends on, by name, with its stage (within the same family)."""
+        return [(label(u, self.config), _stage(u)) for u in upstream(self.config, self.stage.name)]
+
+
+def label(stage: str, config: RunConfig) -> str:
+    """A step's name: the stage's, with the family beside it for a family's own stages."""
+    family = config.family_subdir
+    return f"{stage} ({family})" if family is not None and stage in FAMILY_STAGES else stage
+
+
+def steps(config: RunConfig, selected: list[Stage] | None = None) -> list[Step]:
+    """The stages in ``selected`` (default all) as this run executes them, in order: the shared
+    stages, then each drafter family's train, export and eval in turn, so the first family's
+    drafter is measured before the next one trains."""
+    selected = selected or list(STAGES)
+    shared = [Step(s, config) for s in selected if s.name not in FAMILY_STAGES]
+    per_family = [Step(s, view) for view in config.drafter_views() for s in selected if s.name in FAMILY_STAGES]
+    return shared + per_family
+
+
+def statuses(config: RunConfig) -> dict[str, StageState]:
+    """Every active step's state, before anything runs; a step after one that is not current is
+    stale too, since running it would redo it."""
+    active = active_stages(config)
     states: dict[str, StageState] = {}
-    for stage in active_stages(config):
-        state = check(config, stage.contract, paths)
-        behind = [u for u in upstream(config, stage.name) if states[u].status != "current"]
+    for step in steps(config):
+        if step.stage not in active:
+            continue
+        state = check(step.config, step.stage.contract, RunPaths.of(step.config))
+        behind = [name for name, _ in step.before() if states[name].status != "current"]
         if state.status == "current" and behind:
-            state = StageState(stage.name, "stale", [f"{behind[0]} before it is {states[behind[0]].status}"])
-        states[stage.name] = state
+            state = StageState(step.stage.name, "stale", [f"{behind[0]} before it is {states[behind[0]].status}"])
+        states[step.name] = state
     return states
 
 
@@ -113,12 +153,12 @@ def status_table(config: RunConfig, selected: list[Stage] | None = None) -> Tabl
     for col in ("stage", "state", "why", "eyas run would"):
         t.add_column(col)
     colors = {"current": "green", "stale": "yellow", "missing": "red"}
-    for stage in selected or STAGES:
-        if stage.name not in states:
-            t.add_row(stage.name, "skipped", "extract.mode is online: training computes the states", "skip")
+    for step in steps(config, selected):
+        if step.name not in states:
+            t.add_row(step.name, "skipped", "extract.mode is online: training computes the states", "skip")
             continue
-        state = states[stage.name]
-        t.add_row(stage.name, f"[{colors[state.status]}]{state.status}[/]", state.why, next_step(stage, state))
+        state = states[step.name]
+        t.add_row(step.name, f"[{colors[state.status]}]{state.status}[/]", state.why, next_step(step.stage, state))
     return t
 
 
@@ -200,39 +240,53 @@ def run(
     verify_ids: bool = False,
     config_path: str = "CONFIG",
 ) -> dict[str, dict]:
-    """Run stages ``first``..``last`` that are not current; returns per stage ``{status, result}``
-    (+ ``seconds``, ``cpu_seconds`` for the stages that ran)."""
-    paths = RunPaths.of(config)
+    """Run stages ``first``..``last`` that are not current; returns per step (:attr:`Step.name`)
+    ``{stage, status, result}`` (+ ``seconds``, ``cpu_seconds`` for the steps that ran), and
+    ``families``, the comparison, when every drafter family of the run was evaluated."""
     active = active_stages(config)
     results: dict[str, dict] = {}
-    for stage in select(first, last):
+    for step in steps(config, select(first, last)):
+        stage, paths = step.stage, RunPaths.of(step.config)
         if stage not in active:
             log.info("%s: skipped (extract.mode is online: training computes hidden states itself)", stage.name)
-            results[stage.name] = {"status": "skipped", "result": None}
+            results[step.name] = {"stage": stage.name, "status": "skipped", "result": None}
             continue
-        for before in map(_stage, upstream(config, stage.name)):
-            if before.name in results:
+        for name, before in step.before():
+            if name in results:
                 continue
-            state = check(config, before.contract, paths)
+            state = check(step.config, before.contract, paths)
             if state.status != "current":
                 raise StageError(
-                    f"{stage.name}: its input from stage {before.name} is {state.status} ({state.why}); "
+                    f"{step.name}: its input from stage {name} is {state.status} ({state.why}); "
                     f"run `eyas run {config_path} --from {before.name}` first"
                 )
         if not stage.contract.resumes_itself:
-            state = check(config, stage.contract, paths)
+            state = check(step.config, stage.contract, paths)
             if state.status == "current":
-                log.info("%s: up to date, skipped", stage.name)
-                results[stage.name] = {"status": "up to date", "result": None}
+                log.info("%s: up to date, skipped", step.name)
+                results[step.name] = {"stage": stage.name, "status": "up to date", "result": None}
                 continue
-            log.info("%s: %s (%s)", stage.name, next_step(stage, state), state.why)
+            log.info("%s: %s (%s)", step.name, next_step(stage, state), state.why)
         if not quiet:
-            console.rule(stage.name)
+            console.rule(step.name)
         started, cpu_started = time.monotonic(), time.process_time()
         # Outputs made otherwise are replaced, never refused, except generate's paid-for records.
-        result = stage.call(config, quiet, verify_ids, not stage.contract.resumes_itself)
+        result = stage.call(step.config, quiet, verify_ids, not stage.contract.resumes_itself)
         # CPU time beside wall time: on a shared machine it is the figure that predicts an idle one.
         seconds, cpu_seconds = time.monotonic() - started, time.process_time() - cpu_started
-        log.info("%s: done in %.0f s (%.0f s of CPU)", stage.name, seconds, cpu_seconds)
-        results[stage.name] = {"status": "ran", "seconds": seconds, "cpu_seconds": cpu_seconds, "result": result}
+        log.info("%s: done in %.0f s (%.0f s of CPU)", step.name, seconds, cpu_seconds)
+        results[step.name] = {
+            "stage": stage.name,
+            "status": "ran",
+            "seconds": seconds,
+            "cpu_seconds": cpu_seconds,
+            "result": result,
+        }
+    reports = {
+        view.train.drafter: results.get(label("eval", view), {}).get("result") for view in config.drafter_views()
+    }
+    if len(reports) > 1 and all(reports.values()):
+        from eyas.eval.families import report_families
+
+        results["families"] = {"stage": "families", "status": "ran", "result": report_families(config, reports, quiet)}
     return results

@@ -203,3 +203,50 @@ def test_demo_config_is_valid_and_states_its_sizes(tmp_path):
     assert config.extract.mode == "online" and config.train.max_steps is not None
     header = path.read_text().split("run_dir:")[0]
     assert "20 minutes on 2 CPU cores" in header and f"{config.train.max_steps} steps" in header
+
+
+@pytest.mark.slow
+def test_two_drafter_families_share_the_data_stages_and_are_compared(config_path, finished, tmp_path):
+    """Issue 20: `train.drafter: [eagle3, dflash]` trains, exports and evaluates each family from
+    the one corpus, each in its own directory, and says which decodes faster."""
+    copy = copy_of(config_path, tmp_path, lambda c: c["train"].update(drafter=["eagle3", "dflash"]))
+    config = load_config(copy)
+    run_dir = copy.parent / "run"
+    merged = read_marker(run_dir / "merge" / "stage.json")
+    results = pipeline.run(config, quiet=True)
+    family_steps = [f"{stage} ({family})" for family in ("eagle3", "dflash") for stage in ("train", "export", "eval")]
+    assert [s for s, r in results.items() if r["status"] == "ran"] == [
+        "generate",
+        "tokenize",
+        *family_steps,
+        "families",
+    ]
+    assert results["merge"]["status"] == "up to date" and read_marker(run_dir / "merge" / "stage.json") == merged
+    for family in ("eagle3", "dflash"):
+        assert json.loads((run_dir / family / "train" / "final" / "config.json").read_text())
+        report = json.loads((run_dir / family / "eval" / "report.json").read_text())
+        assert family in report["methods"] and report["draft"].startswith(str(run_dir / family / "export"))
+    summary = json.loads((run_dir / "families.json").read_text())
+    assert summary == results["families"]["result"] and set(summary["families"]) == {"eagle3", "dflash"}
+    assert summary["faster"] in ("eagle3", "dflash") and summary["families"]["dflash"]["lossless"]
+
+    # Each family's steps are current or stale on their own.
+    edited = copy_of(
+        copy.parent / "run.yaml", tmp_path / "edited", lambda c: c["train"].update(dflash={"block_size": 3})
+    )
+    states = pipeline.statuses(load_config(edited))
+    assert {name: s.status for name, s in states.items() if s.status != "current"} == {
+        "train (dflash)": "stale",
+        "export (dflash)": "stale",
+        "eval (dflash)": "stale",
+    }
+    assert states["train (dflash)"].changes == ["train.dflash.block_size: 4 → 3"]
+
+    env = {**os.environ, "COLUMNS": "300"}
+    refused = subprocess.run(
+        [sys.executable, "-m", "eyas", "eval", str(edited), "--draft", str(run_dir / "eagle3" / "export" / "sglang")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2 and "trains several drafter families" in refused.stderr

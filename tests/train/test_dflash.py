@@ -15,6 +15,7 @@ from eyas.drafter.dflash import DFlashDrafter, DFlashSession
 from eyas.drafter.families import default_mask_token, dflash_spec, load_drafter
 from eyas.drafter.layout import CONFIG_FILE, family_of, read_drafter, save_drafter
 from eyas.drafter.spec import spec_for_target
+from eyas.paths import RunPaths
 from eyas.target.capture import capture, default_aux_layers, num_decoder_layers
 from eyas.train.blocks import sample_anchors
 from eyas.train.metrics import read_metrics
@@ -83,14 +84,33 @@ def test_the_default_mask_token_is_a_spare_special_token(tokenizer):
     assert tokenizer.convert_ids_to_tokens(default_mask_token(tokenizer, stop)) == "<empty_output>"
 
 
-def test_dflash_settings_that_cannot_work_are_refused_by_key(tmp_path):
+@pytest.mark.parametrize("drafter", ["dflash", ["eagle3", "dflash"]])
+def test_dflash_settings_that_cannot_work_are_refused_by_key(tmp_path, drafter):
     base = {"run_dir": str(tmp_path), "target": {"device": "cpu"}}
     with pytest.raises(ConfigError, match="init_from"):
-        parse_config({**base, "train": {"drafter": "dflash", "init_from": "elsewhere"}})
+        parse_config({**base, "train": {"drafter": drafter, "init_from": "elsewhere"}})
     with pytest.raises(ConfigError, match="eval.engine"):
-        parse_config({**base, "train": {"drafter": "dflash"}, "eval": {"engine": "vllm"}})
+        parse_config({**base, "train": {"drafter": drafter}, "eval": {"engine": "vllm"}})
     with pytest.raises(ConfigError, match="block_size"):
-        parse_config({**base, "train": {"drafter": "dflash", "dflash": {"block_size": 1}}})
+        parse_config({**base, "train": {"drafter": drafter, "dflash": {"block_size": 1}}})
+
+
+def test_a_list_of_families_names_each_once_and_one_family_keeps_the_usual_layout(tmp_path):
+    base = {"run_dir": str(tmp_path), "target": {"device": "cpu"}}
+    for bad in ([], ["dflash", "dflash"], ["eagle3", "medusa"]):
+        with pytest.raises(ConfigError, match=r"train\.drafter"):
+            parse_config({**base, "train": {"drafter": bad}})
+    one = parse_config({**base, "train": {"drafter": ["dflash"]}})
+    assert one.train.drafter == "dflash" and one.drafter_views() == [one]
+    assert RunPaths.of(one).train_final == tmp_path / "train" / "final"
+    both = parse_config({**base, "train": {"drafter": ["dflash", "eagle3"]}})
+    views = both.drafter_views()
+    assert [v.train.drafter for v in views] == ["dflash", "eagle3"]
+    paths = RunPaths.of(views[0])
+    assert paths.train_final == tmp_path / "dflash" / "train" / "final"
+    assert paths.rebuilding("train").train_dir == tmp_path / "dflash" / "train.redo"
+    assert paths.export_gguf.parent.parent == tmp_path / "dflash" / "export"
+    assert paths.merge_dir == tmp_path / "merge" and paths.hidden_dir == tmp_path / "hidden"
 
 
 @pytest.mark.slow
