@@ -479,15 +479,6 @@ class RunConfig(Section):
     of run_dir that holds this family's train, export and eval (:meth:`drafter_views`)."""
 
     @model_validator(mode="after")
-    def _dflash_served_where_checked(self) -> RunConfig:
-        if "dflash" in self.train.families and self.eval.engine == "vllm":
-            raise ValueError(
-                "eval.engine: vllm is not checked with DFlash drafters (vLLM's CPU build here runs no DFlash "
-                "proposer); use `llamacpp` or `eyas`"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _unique_dataset_names(self) -> RunConfig:
         names = [d.name for d in self.datasets]
         duplicates = sorted({n for n in names if names.count(n) > 1})

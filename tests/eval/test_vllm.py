@@ -47,7 +47,7 @@ def test_vllm_serves_the_export_with_eyas_tau_passes_and_outputs(vllm_run):
     root, done = vllm_run
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((root / "run" / "eval" / "report.json").read_text())
-    eyas, vllm = report["methods"]["eagle3"], report["methods"][vllm_engine.METHOD]
+    eyas, vllm = report["methods"]["eagle3"], report["methods"][vllm_engine.method_name("eagle3")]
     check = report["engine_check"]
     assert check["checked"] and check["problems"] == []
     # Identical greedy outputs on every prompt, the same verification passes, τ within the stated bound.
@@ -58,6 +58,20 @@ def test_vllm_serves_the_export_with_eyas_tau_passes_and_outputs(vllm_run):
     assert vllm["tau"] > 1.5, "the overfit drafter is accepted in vLLM too"
     assert len(vllm["per_position"]) == 3 and vllm["per_position"][0] > 0
     assert vllm["engine"].startswith("vllm ")
+
+
+@pytest.mark.slow
+def test_vllm_serves_a_dflash_export_with_eyas_tau_passes_and_outputs(tmp_path, overfit_dflash_drafter):
+    """Issue 20: vLLM's CPU build runs its DFlash proposer (method ``dflash``) on the export as eyas
+    writes it, and its counters agree with eyas's own DFlash eval."""
+    vllm_or_skip()
+    done = eyas_eval(engine_eval_config(tmp_path, overfit_dflash_drafter, "engine: vllm"), "-q")
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads((tmp_path / "run" / "eval" / "report.json").read_text())
+    eyas, vllm = report["methods"]["dflash"], report["methods"][vllm_engine.method_name("dflash")]
+    assert report["engine_check"]["checked"] and report["engine_check"]["problems"] == []
+    assert vllm["lossless"] == {"checked": len(TEXTS), "identical": len(TEXTS), "mismatched": []}
+    assert vllm["target_passes"] == eyas["target_passes"] and vllm["tau"] > 1.5
 
 
 @pytest.mark.slow
@@ -92,14 +106,16 @@ def test_with_the_target_not_loaded_here_vllm_alone_measures_tau(vllm_run, tmp_p
     done = eyas_eval(tmp_path / "run.yaml", "-q")
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((eval_dir / "report.json").read_text())
-    assert list(report["methods"]) == [vllm_engine.METHOD] and report["plain"]["engine"].startswith("vllm ")
-    vllm = report["methods"][vllm_engine.METHOD]
+    assert list(report["methods"]) == [vllm_engine.method_name("eagle3")] and report["plain"]["engine"].startswith(
+        "vllm "
+    )
+    vllm = report["methods"][vllm_engine.method_name("eagle3")]
     # vLLM's plain greedy outputs are the reference, and the drafter's equal them on every prompt.
     assert vllm["lossless"] == {"checked": len(TEXTS), "identical": len(TEXTS), "mismatched": []}
     assert vllm["speedup"] > 0 and vllm["tau"] > 1.5
     assert not list(eval_dir.glob("results-*.jsonl")), "eyas's own in-process eval never ran"
     with_eyas = json.loads((root / "run" / "eval" / "report.json").read_text())
-    assert vllm["tau"] == with_eyas["methods"][vllm_engine.METHOD]["tau"]
+    assert vllm["tau"] == with_eyas["methods"][vllm_engine.method_name("eagle3")]["tau"]
 
 
 @pytest.mark.slow

@@ -286,6 +286,7 @@ def _add_vllm(
 ) -> None:
     """Serve the export in vLLM on the same prompts, the target in eyas's ``dtype``; its row and the
     agreement check join the report."""
+    from eyas.drafter.layout import family_of
     from eyas.eval import vllm_engine
     from eyas.target.settings import SpeculativeDecoding
     from eyas.target.vllm_engine import speculative_decode
@@ -293,12 +294,13 @@ def _add_vllm(
     cfg = config.eval
     ids = [p.input_ids for p in prompts]
     decoding = SpeculativeDecoding.from_config(cfg)
-    result = speculative_decode(config.target, decoding, drafter_dir, ids, stop_ids, dtype, paths.eval_dir)
+    family = family_of(drafter_dir)
+    result = speculative_decode(config.target, decoding, drafter_dir, ids, stop_ids, dtype, paths.eval_dir, family)
     reference = {p.id: done[(PLAIN, p.id)].tokens for p in prompts} if cfg.temperature == 0 else None
     vllm = vllm_engine.summarize_vllm(result, [p.id for p in prompts], cfg.num_draft_tokens, reference)
-    report["methods"][vllm_engine.METHOD] = vllm
+    report["methods"][vllm_engine.method_name(family)] = vllm
     report["engine_check"] = vllm_engine.compare(
-        report["methods"]["eagle3"], vllm, cfg.num_draft_tokens, greedy=cfg.temperature == 0
+        report["methods"][family], vllm, cfg.num_draft_tokens, greedy=cfg.temperature == 0
     )
 
 

@@ -3,7 +3,7 @@
 eyas's in-process eval reads a drafter back in eyas's own conventions, so it cannot see an
 export that a server misreads (layer ids shifted by one, a dtype the server changes). This
 runs the same prompts, as token ids, through vLLM's offline ``LLM`` with the export as its
-EAGLE-3 drafter (:func:`eyas.target.vllm_engine.speculative_decode`) and compares:
+drafter, EAGLE-3 or DFlash (:func:`eyas.target.vllm_engine.speculative_decode`), and compares:
 
 - τ: vLLM's ``1 + accepted / drafts`` against eyas's ``(tokens - 1) / passes`` per prompt,
   pooled. With identical outputs the two differ only in each prompt's last round: vLLM
@@ -25,7 +25,12 @@ from pathlib import Path
 from eyas.config import RunConfig
 from eyas.eval.report import report_frame
 
-METHOD = "eagle3 (vllm)"
+
+def method_name(family: str) -> str:
+    """The report's row for the drafter as vLLM served it, beside eyas's own row ``family``."""
+    return f"{family} (vllm)"
+
+
 TOLERANCE = 0.02
 
 
@@ -113,6 +118,7 @@ def run_in_vllm_only(config: RunConfig, draft_dir: Path, prompts: list, stop_ids
     the drafter's outputs must equal it prompt by prompt, as they must equal eyas's own greedy
     decoding in-process.
     """
+    from eyas.drafter.layout import family_of
     from eyas.target import dtype_name
     from eyas.target.settings import SpeculativeDecoding
     from eyas.target.vllm_engine import speculative_decode
@@ -120,10 +126,11 @@ def run_in_vllm_only(config: RunConfig, draft_dir: Path, prompts: list, stop_ids
     cfg = config.eval
     ids, prompt_ids = [p.input_ids for p in prompts], [p.id for p in prompts]
     dtype, decoding = dtype_name(config.target), SpeculativeDecoding.from_config(cfg)
+    family = family_of(draft_dir)
     plain = speculative_decode(config.target, decoding, None, ids, stop_ids, dtype, out_dir)
-    drafted = speculative_decode(config.target, decoding, draft_dir, ids, stop_ids, dtype, out_dir)
+    drafted = speculative_decode(config.target, decoding, draft_dir, ids, stop_ids, dtype, out_dir, family)
     baseline = plain_vllm(plain, len(prompts))
     reference = dict(zip(prompt_ids, plain["outputs"], strict=True)) if cfg.temperature == 0 else None
     method = summarize_vllm(drafted, prompt_ids, cfg.num_draft_tokens, reference)
     method["speedup"] = method["tokens_per_s"] / baseline["tokens_per_s"] if baseline["tokens_per_s"] else None
-    return report_frame(config, draft_dir, prompts, baseline, {METHOD: method})
+    return report_frame(config, draft_dir, prompts, baseline, {method_name(family): method})

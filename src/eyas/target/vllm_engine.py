@@ -191,9 +191,11 @@ def speculative_decode(
     stop_ids: set[int],
     dtype: str,
     out_dir: Path,
+    method: str = "eagle3",
 ) -> dict:
-    """vLLM's outputs and its own spec-decode counters for ``prompts``, with ``draft_dir`` as EAGLE-3
-    drafter (None: plain decoding, no counters), the target in ``dtype``.
+    """vLLM's outputs and its own spec-decode counters for ``prompts``, with ``draft_dir`` as
+    drafter (None: plain decoding, no counters) by vLLM's speculative ``method`` (``eagle3``,
+    ``dflash``: the drafter's family), the target in ``dtype``.
 
     Runs ``eval_child.py`` once, in ``out_dir``, stopped after ``target.engine_timeout_s``. The
     result is cached in ``out_dir/vllm-<request hash>.json``: a rerun with the same export,
@@ -204,6 +206,7 @@ def speculative_decode(
     request = {
         **served.load_settings(),
         "draft": str(draft_dir.resolve()) if draft_dir else None,
+        "method": method if draft_dir else None,
         # The drafter by content: a retrained one at the same path never reuses a cached result.
         "draft_files": [[p.name, file_digest(p)] for p in sorted(draft_dir.iterdir()) if p.is_file()]
         if draft_dir

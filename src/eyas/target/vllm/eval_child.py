@@ -1,12 +1,12 @@
-"""Runs an EAGLE-3 export in vLLM and writes what vLLM itself measured; a script, not a module.
+"""Runs an EAGLE-3 or DFlash export in vLLM and writes what vLLM itself measured; a script, not a module.
 
 ``python eval_child.py REQUEST.json RESULT.json`` under an interpreter that has vLLM
 installed. It imports nothing from eyas: vLLM pins its own torch and transformers, so it
 usually lives in an environment of its own (``make vllm`` builds ``.venv-vllm``), and eyas
 starts this file there as a child process (:mod:`eyas.eval.vllm_engine`).
 
-The request names the target directory, the drafter directory (null: plain decoding), the
-prompts as token ids, the sampling settings and, on a GPU, the share of its memory vLLM may
+The request names the target directory, the drafter directory (null: plain decoding) and
+vLLM's speculative method for it (``eagle3``, ``dflash``), the prompts as token ids, the sampling settings and, on a GPU, the share of its memory vLLM may
 take; the result holds each prompt's generated ids and vLLM's own
 speculative-decoding counters (``vllm:spec_decode_num_drafts``, ``..._num_accepted_tokens``,
 ``..._num_accepted_tokens_per_pos``), read from ``LLM.get_metrics()``: the numbers a server
@@ -54,7 +54,7 @@ def main(request_path: str, result_path: str) -> None:
         disable_log_stats=False,
         # No drafter: plain decoding, the baseline and lossless reference when eyas cannot run the target.
         speculative_config={
-            "method": "eagle3",
+            "method": request["method"],
             "model": request["draft"],
             "num_speculative_tokens": request["num_speculative_tokens"],
         }
