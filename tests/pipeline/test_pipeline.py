@@ -243,10 +243,20 @@ def test_two_drafter_families_share_the_data_stages_and_are_compared(config_path
     assert states["train (dflash)"].changes == ["train.dflash.block_size: 4 → 3"]
 
     env = {**os.environ, "COLUMNS": "300"}
+    eyas_eval = [sys.executable, "-m", "eyas", "eval", str(copy)]
     refused = subprocess.run(
-        [sys.executable, "-m", "eyas", "eval", str(edited), "--draft", str(run_dir / "eagle3" / "export" / "sglang")],
-        env=env,
-        capture_output=True,
-        text=True,
+        [*eyas_eval, "--draft", str(run_dir / "eagle3" / "export" / "sglang")], env=env, capture_output=True, text=True
     )
     assert refused.returncode == 2 and "trains several drafter families" in refused.stderr
+
+    # In the engine the user serves with, the verdict goes by that engine's decode speed.
+    in_engine = subprocess.run([*eyas_eval, "--engine", "llamacpp"], env=env, capture_output=True, text=True)
+    assert in_engine.returncode == 0, in_engine.stdout + in_engine.stderr
+    summary = json.loads((run_dir / "families-llamacpp.json").read_text())
+    assert summary["basis"].startswith("llama.cpp") and "faster on these prompts" in in_engine.stderr
+    for family, row in summary["families"].items():
+        section = json.loads((run_dir / family / "eval" / "llamacpp" / "report.json").read_text())["llamacpp"]
+        assert row["best_draft"] == section["best_draft"] and row["best_draft"].startswith(f"{family}, n=")
+        assert row["speedup"] == section["methods"][row["best_draft"]]["speedup"]
+    assert summary["faster"] == max(summary["families"], key=lambda f: summary["families"][f]["speedup"])
+    assert json.loads((run_dir / "families.json").read_text())["basis"] == results["families"]["result"]["basis"]

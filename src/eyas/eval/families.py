@@ -37,7 +37,7 @@ def report_families(config: RunConfig, reports: dict[str, dict], quiet: bool, na
     write_json_atomic(families_file(config, name), summary)
     if not quiet:
         console.print(families_table(summary))
-        console.print(verdict(summary))
+        console.print(summary["verdict"])
     return summary
 
 
@@ -64,6 +64,7 @@ def compare(reports: dict[str, dict]) -> dict:
         "faster": max(lossless, key=lambda f: rows[f]["speedup"] or 0.0) if lossless else None,
         "families": rows,
     }
+    summary["verdict"] = verdict(summary)
     return summary
 
 
@@ -73,7 +74,7 @@ def _row(family: str, report: dict, in_engine: bool) -> dict:
         "tau": own["tau"],
         "per_position": own["per_position"],
         "speedup": own["speedup"],
-        "lossless": not lossless_failures(report),
+        "lossless": not any(_is_own(method, family) for method in lossless_failures(report)),
         "draft": report["draft"],
     }
     if in_engine:
@@ -81,6 +82,12 @@ def _row(family: str, report: dict, in_engine: bool) -> dict:
         best = section["methods"][section["best_draft"]]
         row |= {"speedup": best["speedup"], "best_draft": section["best_draft"], "llamacpp_tau": best["tau"]}
     return row
+
+
+def _is_own(method: str, family: str) -> bool:
+    """Whether a report row is the family's drafter: eyas's ``dflash``, vLLM's ``dflash (vllm)``,
+    llama.cpp's ``dflash, n=2 (llama.cpp)`` (not prompt lookup or n-grams, which are no family's)."""
+    return method == family or method.startswith((f"{family} (", f"{family}, "))
 
 
 def families_table(summary: dict) -> Table:
