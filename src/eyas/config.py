@@ -332,6 +332,8 @@ class DFlashConfig(Section):
     """Blocks per training sample, anchored at random positions inside the answer."""
     decay: float = Field(default=7.0, gt=0.0)
     """γ of the loss weight exp(-(k-1)/γ) of block position k (the published recipe's 7)."""
+    lr: float | None = Field(default=None, gt=0.0)
+    """DFlash's own AdamW peak learning rate, for a run that trains both families; default `train.lr`. On the demo corpus DFlash trains at 2e-3 where EAGLE-3 trains at 6e-4 (at 6e-4 it had not left its first plateau by step 114)."""
 
 
 class TrainConfig(Section):
@@ -388,6 +390,11 @@ class TrainConfig(Section):
     """Initialisation and data-order seed."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Under torchrun: `ddp` replicates the drafter on every rank; `fsdp` shards its weights, gradients and optimizer state (FSDP2)."""
+
+    @property
+    def peak_lr(self) -> float:
+        """The learning rate this family trains at (``dflash.lr`` for DFlash, when set)."""
+        return self.dflash.lr if self.drafter == "dflash" and self.dflash.lr is not None else self.lr
 
     @property
     def families(self) -> list[str]:

@@ -104,6 +104,9 @@ def test_a_list_of_families_names_each_once_and_one_family_keeps_the_usual_layou
     both = parse_config({**base, "train": {"drafter": ["dflash", "eagle3"]}})
     views = both.drafter_views()
     assert [v.train.drafter for v in views] == ["dflash", "eagle3"]
+    assert [v.train.peak_lr for v in views] == [both.train.lr] * 2
+    tuned = parse_config({**base, "train": {"drafter": ["dflash", "eagle3"], "lr": 6e-4, "dflash": {"lr": 2e-3}}})
+    assert [v.train.peak_lr for v in tuned.drafter_views()] == [2e-3, 6e-4]
     paths = RunPaths.of(views[0])
     assert paths.train_final == tmp_path / "dflash" / "train" / "final"
     assert paths.rebuilding("train").train_dir == tmp_path / "dflash" / "train.redo"
@@ -116,7 +119,8 @@ def test_a_resumed_dflash_run_continues_bit_for_bit(merged_run, tmp_path):
     other = copy_run(merged_run, tmp_path / "resumed")
     settings = {
         "drafter": "dflash",
-        "dflash": {"block_size": 3, "anchors": 4},
+        "dflash": {"block_size": 3, "anchors": 4, "lr": 3e-3},
+        "lr": 1e-4,
         "max_steps": 4,
         "epochs": 10.0,
         "checkpoint_every": 2,
@@ -127,6 +131,7 @@ def test_a_resumed_dflash_run_continues_bit_for_bit(merged_run, tmp_path):
     straight = read_metrics(merged_run / "train" / "metrics.jsonl")
     assert [r["step"] for r in straight if r["split"] == "train"] == [1, 2, 3, 4]
     assert all(len(r["acc"]) == 2 for r in straight if r["split"] == "train"), "one figure per drafted position"
+    assert max(r["lr"] for r in straight if r["split"] == "train") > 1e-3, "DFlash trains at train.dflash.lr"
 
     first = eyas.train.run(load_tiny(other, **settings), quiet=True, stop_after=3)
     assert first["step"] == 3 and first["final"] is None

@@ -242,7 +242,7 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
     drafter.train()
     forward = parallelize(drafter, cfg.parallel, world)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(params, lr=cfg.peak_lr, weight_decay=cfg.weight_decay)
     schedule = Schedule(source.lengths(), cfg.batch_size, cfg.seed)
     total = math.ceil(cfg.epochs * schedule.steps_per_epoch)
     total = min(total, cfg.max_steps) if cfg.max_steps else total
