@@ -241,6 +241,13 @@ def test_two_drafter_families_share_the_data_stages_and_are_compared(config_path
         "eval (dflash)": "stale",
     }
     assert states["train (dflash)"].changes == ["train.dflash.block_size: 4 → 3"]
+    eagle_only = copy_of(copy.parent / "run.yaml", tmp_path / "eagle", lambda c: c["train"].update(ttt_steps=3))
+    states = pipeline.statuses(load_config(eagle_only))
+    assert [name for name, s in states.items() if s.status != "current"] == [
+        "train (eagle3)",
+        "export (eagle3)",
+        "eval (eagle3)",
+    ]
 
     env = {**os.environ, "COLUMNS": "300"}
     eyas_eval = [sys.executable, "-m", "eyas", "eval", str(copy)]

@@ -35,6 +35,12 @@ weights it ends with: checkpoints and evaluations draw no random numbers, DDP an
 the gradient of one process on the global batch, and cached states are the states computed.
 (The evaluation keys do choose the final drafter when it is the one with the best τ: see
 :func:`fingerprint`.)"""
+EAGLE3_KEYS = {"ttt_steps", "step_weight", "draft_vocab_size"}
+"""``train.*`` keys only EAGLE-3 reads: out of a DFlash drafter's fingerprint, so tuning EAGLE-3 in
+a run of both families never retrains DFlash."""
+FAMILY_KEYS = {"drafter", "dflash"}
+"""The keys that name and set up DFlash: out of an EAGLE-3 drafter's fingerprint, so EAGLE-3 runs
+keep the one they had before DFlash existed, and tuning DFlash never retrains EAGLE-3."""
 LENGTH_KEYS = ("train.max_steps", "train.epochs")
 """Raising these continues a finished run from its newest checkpoint (the learning-rate
 schedule is recomputed for the new length); lowering them retrains."""
@@ -55,8 +61,7 @@ def fingerprint(config: RunConfig) -> dict:
     """Every hyperparameter, and where the states come from: offline, extract's marker names the
     target and layers; online, this stage runs the target itself. When the final drafter is the
     one with the best τ, which steps are measured decides it too."""
-    # The family keys appear only for DFlash, so EAGLE-3 runs keep the fingerprint they had.
-    family = set() if config.train.drafter == "dflash" else {"drafter", "dflash"}
+    family = EAGLE3_KEYS if config.train.drafter == "dflash" else FAMILY_KEYS
     keys = {
         **flat("train", config.train.model_dump(mode="json", exclude=SPEED_KEYS | family)),
         "extract.mode": config.extract.mode,
