@@ -14,6 +14,7 @@ import pytest
 
 from eyas.config import ConfigError
 from eyas.eval import vllm_engine
+from eyas.eval.families import VLLM_BASIS, compare
 from eyas.target.vllm import ENV_PYTHON, vllm_python
 from tests.conftest import vllm_or_skip, write_jsonl
 from tests.servers import served
@@ -116,6 +117,10 @@ def test_with_the_target_not_loaded_here_vllm_alone_measures_tau(vllm_run, tmp_p
     assert not list(eval_dir.glob("results-*.jsonl")), "eyas's own in-process eval never ran"
     with_eyas = json.loads((root / "run" / "eval" / "report.json").read_text())
     assert vllm["tau"] == with_eyas["methods"][vllm_engine.method_name("eagle3")]["tau"]
+    # A run of several families compares vLLM-only reports by vLLM's own speed-up.
+    row = compare({"eagle3": report})["families"]["eagle3"]
+    assert compare({"eagle3": report})["basis"] == VLLM_BASIS
+    assert (row["tau"], row["speedup"], row["lossless"]) == (vllm["tau"], vllm["speedup"], True)
 
 
 @pytest.mark.slow

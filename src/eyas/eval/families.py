@@ -6,7 +6,8 @@ evaluation on other prompts or in another engine).
 The verdict goes by decode speed, not τ: a family that accepts more per pass but costs more
 per draft can still be slower. Speed is the serving engine's where eval ran one
 (``eval.engine: llamacpp``: each family's best draft length against llama.cpp's plain decoding
-in the same round), else eyas's own in-process decoding, which the table says. A family whose
+in the same round), else vLLM's where only vLLM ran the target (``eval.in_process: false``),
+else eyas's own in-process decoding; the table says which. A family whose
 outputs differed from plain decoding is shown but never named the faster.
 """
 
@@ -19,9 +20,11 @@ from rich.table import Table
 from eyas.config import RunConfig
 from eyas.console import console
 from eyas.eval.report import lossless_failures
+from eyas.eval.vllm_engine import method_name
 from eyas.files import write_json_atomic
 
 ENGINE_BASIS = "llama.cpp decode speed-up (best draft length)"
+VLLM_BASIS = "vLLM decode speed-up (eval.in_process: false)"
 IN_PROCESS_BASIS = "eyas in-process decode speed-up (set eval.engine: llamacpp to measure in an engine)"
 
 
@@ -56,10 +59,11 @@ def compare(reports: dict[str, dict]) -> dict:
     """The families side by side from their eval reports (family -> report); ``faster`` is None
     when no family decoded losslessly."""
     in_engine = all("llamacpp" in r for r in reports.values())
+    vllm_only = all(family not in r["methods"] for family, r in reports.items())
     rows = {family: _row(family, report, in_engine) for family, report in reports.items()}
     lossless = [f for f, row in rows.items() if row["lossless"]]
     summary = {
-        "basis": ENGINE_BASIS if in_engine else IN_PROCESS_BASIS,
+        "basis": ENGINE_BASIS if in_engine else VLLM_BASIS if vllm_only else IN_PROCESS_BASIS,
         "prompts": next(iter(reports.values()))["prompts"],
         "faster": max(lossless, key=lambda f: rows[f]["speedup"] or 0.0) if lossless else None,
         "families": rows,
@@ -69,7 +73,8 @@ def compare(reports: dict[str, dict]) -> dict:
 
 
 def _row(family: str, report: dict, in_engine: bool) -> dict:
-    own = report["methods"][family]
+    """A family's figures from its report: eyas's own row, or vLLM's where only vLLM ran the target."""
+    own = report["methods"].get(family) or report["methods"][method_name(family)]
     row = {
         "tau": own["tau"],
         "per_position": own["per_position"],
