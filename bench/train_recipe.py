@@ -16,12 +16,17 @@ measured on the same held-out prompts. Regenerated answers cost the generation C
 generate marker recorded; the as-is row gets that CPU time as extra training steps, so the two
 compare at equal CPU time.
 
-``--warm-start`` adds a third: a drafter from scratch on the whole train split, against one
+``--temperature T ...`` adds a table of the run's own prompts answered again at each sampling
+temperature T (``generate.temperature``; the run's own answers are the T = 0 row), tokenized and
+trained the same way, with the base run's held-out prompts kept out of training and τ measured
+on them as everywhere else: greedy, since that is how the drafter is served here.
+
+``--warm-start`` adds another: a drafter from scratch on the whole train split, against one
 trained on half of it and warm-started (``train.init_from``) on the other half, for as many
 steps in all and for fewer.
 
 Usage: ``OMP_NUM_THREADS=2 .venv/bin/python bench/train_recipe.py --run runs/demo/demo.yaml
-[--only NAME ...] [--as-is] [--warm-start] [--tau-prompts 16]``. Each demo-sized row takes about 6 minutes on
+[--only NAME ...] [--as-is] [--temperature T ...] [--warm-start] [--tau-prompts 16]``. Each demo-sized row takes about 6 minutes on
 2 cores.
 """
 
@@ -37,6 +42,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from eyas import train
@@ -60,8 +66,11 @@ VARIANTS: dict[str, dict] = {
     "weight_decay: 0.1": {"weight_decay": 0.1},
     "intermediate_size: 384": {"intermediate_size": 384},
     "steps ×2": {"steps_factor": 2.0},
+    "aux_layers: 1, 14, 28": {"aux_layers": [1, 14, 28]},
 }
-"""Row name → changes to the config's train section (``*_factor``: relative to its value)."""
+"""Row name → changes to the config's train section (``*_factor``: relative to its value;
+``aux_layers``: to ``extract.aux_layers`` instead, here the embedded target's last capturable
+layer in place of its default 26)."""
 
 
 def settings_for(base: dict, change: dict) -> dict:
@@ -180,6 +189,46 @@ def as_is_table(base_config, work: Path, base: dict) -> None:
         )
 
 
+def temperature_table(base_config, work: Path, base: dict, temperatures: list[float]) -> None:
+    from eyas import generate, tokenize
+
+    base_paths = RunPaths.of(base_config)
+    held_out = set(read_tables(sorted(base_paths.merge_dir.glob("eval-*.parquet"))).column("id").to_pylist())
+    regenerated = sorted(base_paths.merge_dir.glob("train-*.parquet"))
+    rows = []
+    run_dir = variant_dir(work, "temperature 0")
+    own = read_tables(regenerated)
+    assemble_corpus(base_config, run_dir, own)
+    generation_cpu = read_marker(base_paths.marker("generate"))["run"]["cpu_seconds"]
+    rows.append(
+        (base_config.generate.temperature, own.num_rows, generation_cpu, train_variant(base_config, run_dir, base))
+    )
+    for temperature in temperatures:
+        answers = work / f"answers at {temperature}"
+        config = base_config.model_copy(
+            update={
+                "run_dir": str(answers),
+                "generate": base_config.generate.model_copy(update={"temperature": temperature}),
+            }
+        )
+        started = time.process_time()
+        generate.run(config, quiet=True)
+        cost = time.process_time() - started
+        tokenize.run(config, quiet=True)
+        table = read_tables([RunPaths.of(config).tokenized(d.name) for d in config.datasets])
+        table = table.filter(pc.invert(pc.is_in(table.column("id"), pa.array(sorted(held_out)))))
+        run_dir = variant_dir(work, f"temperature {temperature}")
+        assemble_corpus(base_config, run_dir, table)
+        rows.append((temperature, table.num_rows, cost, train_variant(base_config, run_dir, base)))
+    print("\n| answers sampled at temperature | samples | generation CPU s | train CPU s | best τ (step) |")
+    print("|---|---|---|---|---|")
+    for temperature, samples, cost, r in rows:
+        print(
+            f"| {temperature:g} | {samples} | {cost:.0f} | {r['cpu']:.0f} | {r['best']:.3f} ({r['best_step']}) |",
+            flush=True,
+        )
+
+
 def warm_start_table(base_config, work: Path, base: dict) -> None:
     """From scratch on the whole train split, against half of it then a warm start on the other
     half (``train.init_from``), for as many steps in all or fewer."""
@@ -219,6 +268,9 @@ def main() -> None:
     parser.add_argument("--run", required=True, help="config of a run whose merge is done")
     parser.add_argument("--only", nargs="*", help="row names to run (default: all)")
     parser.add_argument("--as-is", action="store_true", help="add the regenerated vs as-is table")
+    parser.add_argument(
+        "--temperature", type=float, nargs="*", default=[], help="add a table of answers at these temperatures"
+    )
     parser.add_argument("--warm-start", action="store_true", help="add the warm start vs from scratch table")
     parser.add_argument("--tau-prompts", type=int, default=16, help="held-out prompts τ is measured on")
     args = parser.parse_args()
@@ -241,13 +293,20 @@ def main() -> None:
     for name in names:
         run_dir = variant_dir(work, name)
         link_stages(base_config, run_dir, ("merge", "tokenize", "generate"))
-        r = train_variant(base_config, run_dir, settings_for(base, VARIANTS[name]))
+        change = dict(VARIANTS[name])
+        config = base_config
+        if "aux_layers" in change:
+            extract = base_config.extract.model_copy(update={"aux_layers": change.pop("aux_layers")})
+            config = base_config.model_copy(update={"extract": extract})
+        r = train_variant(config, run_dir, settings_for(base, change))
         print(
             f"| {name} | {r['best']:.3f} ({r['best_step']}) | {r['last']:.3f} | {r['wall']:.0f} | {r['cpu']:.0f} |",
             flush=True,
         )
     if args.as_is:
         as_is_table(base_config, work, base)
+    if args.temperature:
+        temperature_table(base_config, work, base, args.temperature)
     if args.warm_start:
         warm_start_table(base_config, work, base)
 
