@@ -12,13 +12,13 @@ their times compare; run nothing else on the machine meanwhile.
 ``--as-is`` adds a second table: the same drafter trained on the run's regenerated answers, on
 conversations used as they are (``regenerate: false``) — the Python reference's topics from
 ``pydoc_data``, human-written, the only chat-shaped text every Python ships — and on both, τ
-measured on the same held-out prompts. Regenerated answers cost the generation CPU the run's
-generate marker recorded; the as-is row gets that CPU time as extra training steps, so the two
-compare at equal CPU time.
+measured on the same held-out prompts. Regenerated answers cost the CPU of answering the run's
+prompts again (measured by doing it); the as-is row gets that CPU time as extra training steps,
+so the two compare at equal CPU time.
 
 ``--temperature T ...`` adds a table of the run's own prompts answered again at each sampling
-temperature T (``generate.temperature``; the run's own answers are the T = 0 row), tokenized and
-trained the same way, with the base run's held-out prompts kept out of training and τ measured
+temperature T (``generate.temperature``), beside them answered again at the run's own temperature,
+each tokenized and trained the same way, with the base run's held-out prompts kept out of training and τ measured
 on them as everywhere else: greedy, since that is how the drafter is served here.
 
 ``--warm-start`` adds another: a drafter from scratch on the whole train split, against one
@@ -26,8 +26,8 @@ trained on half of it and warm-started (``train.init_from``) on the other half, 
 steps in all and for fewer.
 
 Usage: ``OMP_NUM_THREADS=2 .venv/bin/python bench/train_recipe.py --run runs/demo/demo.yaml
-[--only NAME ...] [--as-is] [--temperature T ...] [--warm-start] [--tau-prompts 16]``. Each demo-sized row takes about 6 minutes on
-2 cores.
+[--only NAME ...] [--as-is] [--temperature T ...] [--warm-start] [--tau-prompts 16]``. Each
+demo-sized row takes about 6 minutes on 2 cores, and answering the demo's prompts again 3 more.
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ from eyas import train
 from eyas.config import load_config
 from eyas.paths import MARKER, RunPaths
 from eyas.records import tokenized_arrow_schema
-from eyas.stage import read_marker
 from eyas.train.metrics import read_metrics
 
 VARIANTS: dict[str, dict] = {
@@ -162,7 +161,7 @@ def as_is_table(base_config, work: Path, base: dict) -> None:
     tokenize.run(docs_config, quiet=True)
     docs = RunPaths.of(docs_config).tokenized("docs")
     regenerated = sorted(RunPaths.of(base_config).merge_dir.glob("train-*.parquet"))
-    generation_cpu = read_marker(RunPaths.of(base_config).marker("generate"))["run"]["cpu_seconds"]
+    _, generation_cpu = answer_again(base_config, work, base_config.generate.temperature)
 
     rows = []
     run_dir = variant_dir(work, "regenerated")
@@ -189,34 +188,31 @@ def as_is_table(base_config, work: Path, base: dict) -> None:
         )
 
 
-def temperature_table(base_config, work: Path, base: dict, temperatures: list[float]) -> None:
+def answer_again(base_config, work: Path, temperature: float) -> tuple[pa.Table, float]:
+    """The run's prompts answered again at ``temperature`` and tokenized, its held-out prompts
+    left out, with the generation's CPU seconds. Measured here because a stage marker records only
+    its last run, which may have been a resume with nothing left to answer."""
     from eyas import generate, tokenize
 
-    base_paths = RunPaths.of(base_config)
-    held_out = set(read_tables(sorted(base_paths.merge_dir.glob("eval-*.parquet"))).column("id").to_pylist())
-    regenerated = sorted(base_paths.merge_dir.glob("train-*.parquet"))
-    rows = []
-    run_dir = variant_dir(work, "temperature 0")
-    own = read_tables(regenerated)
-    assemble_corpus(base_config, run_dir, own)
-    generation_cpu = read_marker(base_paths.marker("generate"))["run"]["cpu_seconds"]
-    rows.append(
-        (base_config.generate.temperature, own.num_rows, generation_cpu, train_variant(base_config, run_dir, base))
+    config = base_config.model_copy(
+        update={
+            "run_dir": str(work / f"answers at {temperature}"),
+            "generate": base_config.generate.model_copy(update={"temperature": temperature}),
+        }
     )
-    for temperature in temperatures:
-        answers = work / f"answers at {temperature}"
-        config = base_config.model_copy(
-            update={
-                "run_dir": str(answers),
-                "generate": base_config.generate.model_copy(update={"temperature": temperature}),
-            }
-        )
-        started = time.process_time()
-        generate.run(config, quiet=True)
-        cost = time.process_time() - started
-        tokenize.run(config, quiet=True)
-        table = read_tables([RunPaths.of(config).tokenized(d.name) for d in config.datasets])
-        table = table.filter(pc.invert(pc.is_in(table.column("id"), pa.array(sorted(held_out)))))
+    started = time.process_time()
+    generate.run(config, quiet=True)
+    cost = time.process_time() - started
+    tokenize.run(config, quiet=True)
+    held_out = read_tables(sorted(RunPaths.of(base_config).merge_dir.glob("eval-*.parquet"))).column("id")
+    table = read_tables([RunPaths.of(config).tokenized(d.name) for d in config.datasets])
+    return table.filter(pc.invert(pc.is_in(table.column("id"), held_out))), cost
+
+
+def temperature_table(base_config, work: Path, base: dict, temperatures: list[float]) -> None:
+    rows = []
+    for temperature in [base_config.generate.temperature, *temperatures]:
+        table, cost = answer_again(base_config, work, temperature)
         run_dir = variant_dir(work, f"temperature {temperature}")
         assemble_corpus(base_config, run_dir, table)
         rows.append((temperature, table.num_rows, cost, train_variant(base_config, run_dir, base)))
