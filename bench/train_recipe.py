@@ -17,9 +17,9 @@ prompts again (measured by doing it); the as-is row gets that CPU time as extra 
 so the two compare at equal CPU time.
 
 ``--temperature T ...`` adds a table of the run's own prompts answered again at each sampling
-temperature T (``generate.temperature``), beside them answered again at the run's own temperature,
-each tokenized and trained the same way, with the base run's held-out prompts kept out of training and τ measured
-on them as everywhere else: greedy, since that is how the drafter is served here.
+temperature T (``generate.temperature``) and, beside them, at the run's own temperature; each
+set is tokenized and trained the same way, with the base run's held-out prompts kept out of
+training and τ measured on them as everywhere else: greedy, as the drafter is served here.
 
 ``--warm-start`` adds another: a drafter from scratch on the whole train split, against one
 trained on half of it and warm-started (``train.init_from``) on the other half, for as many

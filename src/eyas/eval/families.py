@@ -60,7 +60,7 @@ def compare(reports: dict[str, dict]) -> dict:
     when no family decoded losslessly."""
     in_engine = all("llamacpp" in r for r in reports.values())
     vllm_only = all(family not in r["methods"] for family, r in reports.items())
-    rows = {family: _row(family, report, in_engine) for family, report in reports.items()}
+    rows = {family: _row(family, report, in_engine, vllm_only) for family, report in reports.items()}
     lossless = [f for f, row in rows.items() if row["lossless"]]
     summary = {
         "basis": ENGINE_BASIS if in_engine else VLLM_BASIS if vllm_only else IN_PROCESS_BASIS,
@@ -72,9 +72,9 @@ def compare(reports: dict[str, dict]) -> dict:
     return summary
 
 
-def _row(family: str, report: dict, in_engine: bool) -> dict:
+def _row(family: str, report: dict, in_engine: bool, vllm_only: bool) -> dict:
     """A family's figures from its report: eyas's own row, or vLLM's where only vLLM ran the target."""
-    own = report["methods"].get(family) or report["methods"][method_name(family)]
+    own = report["methods"][method_name(family) if vllm_only else family]
     row = {
         "tau": own["tau"],
         "per_position": own["per_position"],
