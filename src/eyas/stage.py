@@ -218,7 +218,7 @@ def differences(old: dict, new: dict) -> list[str]:
 
 def _value(value: Any) -> str:
     if value is _UNSET:
-        return "(not set)"
+        return "(default)"
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= 60 else text[:57] + "..."
 

@@ -16,6 +16,7 @@ from eyas.config import RunConfig
 from eyas.console import progress
 from eyas.generate.as_is import write_answers
 from eyas.generate.http.errors import RunStopped
+from eyas.generate.selection import reconcile
 from eyas.generate.store import (
     RecordWriter,
     conversation_for,
@@ -43,6 +44,13 @@ def sampling_settings(config: RunConfig) -> dict:
     settings = {
         "backend": g.backend,
         "model": model,
+        # The target's own revision and tokenizer make the answers of the in-house backends; set
+        # only when named, so runs made before they were recorded keep matching.
+        **{
+            k: v
+            for k, v in config.target.model_dump(include={"revision", "tokenizer"}).items()
+            if v is not None and g.backend != "openai"
+        },
         "max_tokens": g.max_tokens,
         "temperature": g.temperature,
         "top_p": g.top_p,
@@ -62,6 +70,8 @@ def setting_key(config: RunConfig, name: str) -> str:
     short names so that runs made before the keys moved under ``generate.http`` still resume)."""
     if name == "model":
         return "generate.http.model" if config.generate.backend == "openai" else "target.model"
+    if name in ("revision", "tokenizer"):
+        return f"target.{name}"
     return f"generate.http.{name}" if name in ("reasoning", "extra_body") else f"generate.{name}"
 
 
@@ -109,6 +119,7 @@ def run(config: RunConfig, quiet: bool = False, redo: bool = False) -> None:
     paths = RunPaths.of(config)
     started = begin(config, CONTRACT, paths)
     _guard_settings(config, paths, redo)
+    _reconcile(config, paths)
     for dataset in config.datasets:
         if not dataset.regenerate:
             write_answers(dataset, paths)
@@ -120,9 +131,19 @@ def run(config: RunConfig, quiet: bool = False, redo: bool = False) -> None:
         elif config.regenerated:
             _run_in_house(config, paths, quiet)
     except RunStopped as e:
+        _reconcile(config, paths)
         started.finish(paths.marker("generate"), config, paths, stopped=type(e).__name__)
         raise
+    # Answers that completed after output_token_target was reached go aside now, not on the next run.
+    _reconcile(config, paths)
     started.finish(paths.marker("generate"), config, paths)
+
+
+def _reconcile(config: RunConfig, paths: RunPaths) -> None:
+    """Each dataset's file holds exactly today's selection (:mod:`eyas.generate.selection`)."""
+    settings = sampling_settings(config)
+    for dataset in config.datasets:
+        reconcile(dataset, paths, settings)
 
 
 def _guard_settings(config: RunConfig, paths: RunPaths, redo: bool) -> None:

@@ -16,7 +16,7 @@ from eyas.config import DatasetConfig
 from eyas.generate.store import RecordWriter, make_record, scan
 from eyas.paths import RunPaths
 from eyas.prompts import iter_prompts
-from eyas.records import Message
+from eyas.records import GenerationRecord, Message, PromptRecord
 
 log = logging.getLogger(__name__)
 
@@ -34,23 +34,27 @@ def write_answers(dataset: DatasetConfig, paths: RunPaths) -> int:
         for prompt in iter_prompts(dataset):
             if prompt.record_id in state.done:
                 continue
-            answer = prompt.answer or {}
-            tool_calls = answer.get("tool_calls") or None
-            writer.write(
-                make_record(
-                    prompt,
-                    prompt.messages,
-                    content=answer_text(answer),
-                    finish_reason="tool_calls" if tool_calls else "stop",
-                    model=answer.get("model") or "",
-                    provider=PROVIDER,
-                    reasoning=answer.get("reasoning_content") or answer.get("reasoning") or None,
-                    tool_calls=tool_calls,
-                )
-            )
+            writer.write(answer_record(prompt))
             added += 1
     log.info("%s: used as it is, %d answers (%d new)", dataset.name, len(state.done), added)
     return added
+
+
+def answer_record(prompt: PromptRecord) -> GenerationRecord:
+    """The record of a dataset's own answer to ``prompt``: what generate writes, and what
+    :mod:`eyas.generate.selection` compares a kept record with."""
+    answer = prompt.answer or {}
+    tool_calls = answer.get("tool_calls") or None
+    return make_record(
+        prompt,
+        prompt.messages,
+        content=answer_text(answer),
+        finish_reason="tool_calls" if tool_calls else "stop",
+        model=answer.get("model") or "",
+        provider=PROVIDER,
+        reasoning=answer.get("reasoning_content") or answer.get("reasoning") or None,
+        tool_calls=tool_calls,
+    )
 
 
 def answer_text(message: Message) -> str:
