@@ -159,6 +159,11 @@ def status_table(config: RunConfig, selected: list[Stage] | None = None) -> Tabl
             continue
         state = states[step.name]
         t.add_row(step.name, f"[{colors[state.status]}]{state.status}[/]", state.why, next_step(step.stage, state))
+    from eyas.eval.families import families_state
+
+    if (state := families_state(config)) is not None:
+        again = "skip" if state.status == "current" else "compare (after every family's eval)"
+        t.add_row("families", f"[{colors[state.status]}]{state.status}[/]", state.why, again)
     return t
 
 
