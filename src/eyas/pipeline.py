@@ -138,6 +138,8 @@ def statuses(config: RunConfig) -> dict[str, StageState]:
 
 def next_step(stage: Stage, state: StageState) -> str:
     """What ``eyas run`` would do with a stage in this state."""
+    if state.elsewhere:
+        return "skip (made on another kind of machine)"
     if stage.contract.resumes_itself:
         return "run (redoes what changed)" if state.status != "current" else "run (nothing to do)"
     if state.status == "current":
@@ -265,8 +267,13 @@ def run(
                     f"{step.name}: its input from stage {name} is {state.status} ({state.why}); "
                     f"run `eyas run {config_path} --from {before.name}` first"
                 )
+        state = check(step.config, stage.contract, paths)
+        if state.elsewhere:
+            # Made where `auto` meant another dtype: redoing it here would compute something else.
+            log.warning("%s: skipped, %s", step.name, state.why)
+            results[step.name] = {"stage": stage.name, "status": "up to date", "result": None}
+            continue
         if not stage.contract.resumes_itself:
-            state = check(step.config, stage.contract, paths)
             if state.status == "current":
                 log.info("%s: up to date, skipped", step.name)
                 results[step.name] = {"stage": stage.name, "status": "up to date", "result": None}

@@ -124,6 +124,8 @@ class StageRun:
 
     contract: StageContract
     marker: dict
+    resolved: dict = field(default_factory=dict)
+    """What the config's ``auto`` settings meant where it ran (:func:`resolved_by`)."""
     started: tuple[float, float] = field(default_factory=lambda: (time.monotonic(), time.process_time()))
 
     def finish(self, path: Path, config: RunConfig | None = None, paths: RunPaths | None = None, **run) -> dict:
@@ -141,6 +143,7 @@ class StageRun:
             "cpu_seconds": round(time.process_time() - cpu, 3),
             "finished": time.time(),
             "eyas": __version__,
+            **({"resolved": self.resolved} if self.resolved else {}),
             **run,
         }
         write_json_atomic(path, marker)
@@ -148,7 +151,19 @@ class StageRun:
 
 
 def begin(config: RunConfig, contract: StageContract, paths: RunPaths) -> StageRun:
-    return StageRun(contract, expected_marker(config, contract, paths, observe=False))
+    marker = expected_marker(config, contract, paths, observe=False)
+    return StageRun(contract, marker, resolved_by(config, marker["fingerprint"]))
+
+
+def resolved_by(config: RunConfig, fingerprint: dict) -> dict:
+    """What the ``auto`` settings a fingerprint holds mean on this machine. The fingerprint keeps
+    ``auto`` so that whether a stage is current does not depend on where ``eyas status`` runs;
+    the marker records this beside it, so another machine can say it would resolve otherwise."""
+    if fingerprint.get("target.dtype") != "auto":
+        return {}
+    from eyas.target import resolved_here
+
+    return resolved_here(config.target)
 
 
 @dataclass
@@ -160,10 +175,25 @@ class StageState:
     """What differs from the marker on disk, or why there is none, in the user's terms."""
     extendable: bool = False
     """Stale only by settings its outputs can be continued to (``StageContract.extends``)."""
+    elsewhere: list[str] = field(default_factory=list)
+    """For a current stage made on a machine where ``auto`` meant something else: what it ran
+    with and what this machine would use. ``eyas run`` here leaves it as it is."""
 
     @property
     def why(self) -> str:
+        if self.elsewhere:
+            return "up to date; " + "; ".join(self.elsewhere)
         return "; ".join(self.changes) if self.changes else "up to date"
+
+
+def _resolved_otherwise(marker: dict, here: dict) -> list[str]:
+    ran = marker.get("run", {}).get("resolved", {})
+    return [
+        f"made where {key}: auto meant {ran[key]}, here it would mean {value}: set {key}: {ran[key]} to compute as it "
+        f"did, or run it on a machine like the one that made it"
+        for key, value in here.items()
+        if key in ran and ran[key] != value
+    ]
 
 
 def check(config: RunConfig, contract: StageContract, paths: RunPaths) -> StageState:
@@ -179,7 +209,9 @@ def check(config: RunConfig, contract: StageContract, paths: RunPaths) -> StageS
     now = expected_marker(config, contract, paths)
     changes = differences(on_disk, now)
     if not changes:
-        return StageState(name, "current")
+        return StageState(
+            name, "current", elsewhere=_resolved_otherwise(on_disk, resolved_by(config, now["fingerprint"]))
+        )
     only_settings = on_disk.get("inputs") == now["inputs"] and on_disk.get("outputs") == now.get("outputs")
     extendable = (
         contract.extends is not None

@@ -13,7 +13,7 @@ from eyas.extract.plan import bytes_per_token
 from eyas.extract.reader import HiddenStates
 from eyas.merge.reader import iter_split
 from eyas.paths import RunPaths
-from eyas.stage import StageError, check
+from eyas.stage import StageError, check, read_marker
 from eyas.target.capture import default_aux_layers, forward, num_decoder_layers
 from tests.extract.conftest import with_extract
 
@@ -194,9 +194,25 @@ def test_the_states_fingerprint_names_the_target_revision_and_served_dtype(merge
     paths = RunPaths.of(merged_run)
     target = merged_run.target
     bf16 = merged_run.model_copy(update={"target": target.model_copy(update={"dtype": "bfloat16"})})
-    assert check(bf16, extract.CONTRACT, paths).changes == ['target.dtype: "float32" → "bfloat16"']
+    assert check(bf16, extract.CONTRACT, paths).changes == ['target.dtype: "auto" → "bfloat16"']
     pinned = merged_run.model_copy(update={"target": target.model_copy(update={"revision": "v2"})})
     assert check(pinned, extract.CONTRACT, paths).changes == ['target.revision: null → "v2"']
+
+
+def test_states_made_with_auto_dtype_stay_current_where_auto_means_another_dtype(merged_run, monkeypatch):
+    """`auto` was resolved by the machine that checked: a GPU machine (bfloat16) called these CPU
+    states (float32) stale, and `eyas run` there would have extracted them again."""
+    target = merged_run.target.model_copy(update={"device": "auto"})
+    merged_run = merged_run.model_copy(update={"target": target})
+    extract.run(merged_run, quiet=True)
+    paths = RunPaths.of(merged_run)
+    assert read_marker(paths.marker("extract"))["run"]["resolved"] == {"target.dtype": "float32"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    state = check(merged_run, extract.CONTRACT, paths)
+    assert state.status == "current" and "target.dtype: auto meant float32, here it would mean bfloat16" in state.why
+    before = paths.marker("extract").read_bytes()
+    result = pipeline.run(merged_run, quiet=True, first="extract", last="extract")
+    assert result["extract"]["status"] == "up to date" and paths.marker("extract").read_bytes() == before
 
 
 def test_unservable_aux_layers_are_config_errors(merged_run):

@@ -208,11 +208,18 @@ def dtype_name(cfg: TargetConfig) -> str:
 
 def served_identity(cfg: TargetConfig) -> dict:
     """The target as it computes states, for a stage's fingerprint: which target and tokenizer,
-    and the dtype it runs in here (``auto`` is bfloat16 on a GPU and float32 on a CPU, which
-    give other states)."""
+    and its ``target.dtype`` as configured. ``auto`` stays ``auto`` here, so a stage's fingerprint
+    does not depend on the machine that checks it (a CPU login node would resolve a GPU run's
+    ``auto`` to float32); what it resolved to is recorded beside (:func:`resolved_here`)."""
     from eyas.stage import target_identity
 
-    return {**target_identity(cfg), "target.dtype": dtype_name(cfg)}
+    return {**target_identity(cfg), "target.dtype": cfg.dtype}
+
+
+def resolved_here(cfg: TargetConfig) -> dict:
+    """What ``target.dtype: auto`` means on this machine (bfloat16 on a GPU, float32 on a CPU:
+    other states), for a marker's record of what its stage ran with."""
+    return {"target.dtype": dtype_name(cfg)} if cfg.dtype == "auto" else {}
 
 
 def pick_dtype(cfg: TargetConfig, device: torch.device) -> torch.dtype:
