@@ -129,11 +129,33 @@ def statuses(config: RunConfig) -> dict[str, StageState]:
         if step.stage not in active:
             continue
         state = check(step.config, step.stage.contract, RunPaths.of(step.config))
-        behind = [name for name, _ in step.before() if states[name].status != "current"]
-        if state.status == "current" and behind:
-            state = StageState(step.stage.name, "stale", [f"{behind[0]} before it is {states[behind[0]].status}"])
+        late = behind(step, RunPaths.of(step.config), states)
+        if state.status == "current" and late is not None:
+            state = StageState(step.stage.name, "stale", [f"{late[0]} before it is {late[2].status}"])
         states[step.name] = state
     return states
+
+
+def behind(
+    step: Step, paths: RunPaths, known: dict[str, StageState], run_config: RunConfig | None = None
+) -> tuple[str, Stage, StageState] | None:
+    """The first step ``step`` depends on that is not current, with its state: the one answer to
+    "is its input ready?" that ``eyas status``, ``eyas run`` and every stage command give.
+    ``known``: states already worked out (or steps this run has just finished), by step name;
+    ``run_config``: the run's own config when ``step`` is an evaluation's with overrides."""
+    for name, stage in step.before():
+        state = known.get(name) or check(run_config or step.config, stage.contract, paths)
+        if state.status != "current":
+            return name, stage, state
+    return None
+
+
+def behind_error(step: Step, late: tuple[str, Stage, StageState], config_path: str) -> StageError:
+    """The one message for a step whose input is not ready, naming the command that mends it."""
+    name, stage, state = late
+    return StageError(
+        f"{step.name}: its input from stage {name} is {state.status} ({state.why}); {_redo_hint(stage, state, config_path)}"
+    )
 
 
 def next_step(stage: Stage, state: StageState) -> str:
@@ -175,7 +197,8 @@ def _stage(name: str) -> Stage:
 
 def _redo_hint(stage: Stage, state: StageState, config_path: str) -> str:
     redo = state.status == "stale" and not stage.contract.resumes_itself
-    return f"run `eyas {stage.name} {config_path}{' --redo' if redo else ''}` (or `eyas run {config_path}`) first"
+    own = f"eyas {stage.name} {config_path}{' --redo' if redo else ''}"
+    return f"run `{own}` (or `eyas run {config_path} --from {stage.name}`) first"
 
 
 def require_inputs(
@@ -189,14 +212,10 @@ def require_inputs(
 
     ``run_config``: the run's own config, when ``config`` is an evaluation's with command-line
     overrides — the stages it reads are the run's, and current or not under the run's config."""
-    paths = paths or RunPaths.of(config)
-    for before in map(_stage, upstream(config, name)):
-        state = check(run_config or config, before.contract, paths)
-        if state.status != "current":
-            raise StageError(
-                f"{name}: its input from stage {before.name} is {state.status} ({state.why}); "
-                + _redo_hint(before, state, config_path)
-            )
+    step = Step(_stage(name), config)
+    late = behind(step, paths or RunPaths.of(config), {}, run_config)
+    if late is not None:
+        raise behind_error(step, late, config_path)
 
 
 def prepare(
@@ -258,15 +277,10 @@ def run(
             log.info("%s: skipped (extract.mode is online: training computes hidden states itself)", stage.name)
             results[step.name] = {"stage": stage.name, "status": "skipped", "result": None}
             continue
-        for name, before in step.before():
-            if name in results:
-                continue
-            state = check(step.config, before.contract, paths)
-            if state.status != "current":
-                raise StageError(
-                    f"{step.name}: its input from stage {name} is {state.status} ({state.why}); "
-                    f"run `eyas run {config_path} --from {before.name}` first"
-                )
+        # Steps this run has just finished are ready by construction.
+        late = behind(step, paths, {name: StageState(name, "current") for name in results})
+        if late is not None:
+            raise behind_error(step, late, config_path)
         state = check(step.config, stage.contract, paths)
         if state.elsewhere:
             # Made where `auto` meant another dtype: redoing it here would compute something else.
