@@ -32,18 +32,22 @@ class RunPaths:
     def of(cls, config) -> RunPaths:
         """The layout of a loaded RunConfig's run_dir; for one family of a run that trains several
         (:meth:`eyas.config.RunConfig.drafter_views`), with that family's stage directories."""
-        root = Path(config.run_dir)
-        family = config.family_subdir
+        return cls.layout(Path(config.run_dir), config.family_subdir)
+
+    @classmethod
+    def layout(cls, root: Path, family: str | None) -> RunPaths:
+        """``root``'s layout for a run of one family (``family`` None) or for ``family`` in a run of several."""
         if family is None:
             return cls(root)
         return cls(root, tuple((name, root / family / name) for name in FAMILY_STAGES))
 
-    def _dir(self, name: str) -> Path:
+    def stage_dir(self, name: str) -> Path:
+        """The directory a stage's outputs (and its marker) are committed in."""
         return dict(self.moved).get(name, self.root / name)
 
     def rebuilding(self, name: str) -> RunPaths:
         """This layout with stage directory ``name`` (``hidden``, ``train``) in its redo place."""
-        return self.moving(name, self._dir(name).with_name(name + REDO_SUFFIX))
+        return self.moving(name, self.stage_dir(name).with_name(name + REDO_SUFFIX))
 
     def moving(self, name: str, path: Path) -> RunPaths:
         return RunPaths(self.root, (*((n, p) for n, p in self.moved if n != name), (name, path)))
@@ -68,7 +72,7 @@ class RunPaths:
 
     @property
     def generate_dir(self) -> Path:
-        return self._dir("generate")
+        return self.stage_dir("generate")
 
     def generations(self, dataset: str) -> Path:
         return self.generate_dir / f"{dataset}.jsonl"
@@ -88,7 +92,7 @@ class RunPaths:
 
     @property
     def tokenize_dir(self) -> Path:
-        return self._dir("tokenize")
+        return self.stage_dir("tokenize")
 
     def tokenized(self, dataset: str) -> Path:
         return self.tokenize_dir / f"{dataset}.parquet"
@@ -103,7 +107,7 @@ class RunPaths:
 
     @property
     def merge_dir(self) -> Path:
-        return self._dir("merge")
+        return self.stage_dir("merge")
 
     @property
     def merge_stats(self) -> Path:
@@ -112,7 +116,7 @@ class RunPaths:
 
     @property
     def hidden_dir(self) -> Path:
-        return self._dir("hidden")
+        return self.stage_dir("hidden")
 
     @property
     def hidden_index(self) -> Path:
@@ -121,7 +125,7 @@ class RunPaths:
 
     @property
     def train_dir(self) -> Path:
-        return self._dir("train")
+        return self.stage_dir("train")
 
     @property
     def train_vocab(self) -> Path:
@@ -148,7 +152,7 @@ class RunPaths:
 
     @property
     def export_dir(self) -> Path:
-        return self._dir("export")
+        return self.stage_dir("export")
 
     def export(self, layout: str) -> Path:
         return self.export_dir / layout
@@ -160,7 +164,7 @@ class RunPaths:
 
     @property
     def eval_dir(self) -> Path:
-        return self._dir("eval")
+        return self.stage_dir("eval")
 
     @property
     def eval_report(self) -> Path:

@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rich.table import Table
@@ -33,7 +34,7 @@ from rich.table import Table
 from eyas.config import ConfigError, RunConfig
 from eyas.console import console
 from eyas.paths import FAMILY_STAGES, RunPaths
-from eyas.stage import StageContract, StageError, StageState, check
+from eyas.stage import StageContract, StageError, StageState, check, digest, expected_marker, read_marker
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,32 @@ def steps(config: RunConfig, selected: list[Stage] | None = None) -> list[Step]:
     return shared + per_family
 
 
+def adoptable(view: RunConfig) -> Path | None:
+    """Where the run's other layout holds a drafter trained exactly as ``view`` would train it now
+    (its marker's digest equals the one train would write). A run that gains or loses a second
+    drafter family moves its first family from ``<run_dir>/train`` to ``<run_dir>/<family>/train``
+    or back; that drafter is adopted there, not retrained. Export and eval are not moved: their
+    READMEs and reports name the drafter's path, and both are cheap to redo beside it."""
+    here = RunPaths.of(view)
+    if read_marker(here.marker("train")) is not None:
+        return None
+    other = RunPaths.layout(Path(view.run_dir), None if view.family_subdir else view.train.drafter)
+    found = read_marker(other.marker("train"))
+    if found is None or digest(found) != digest(expected_marker(view, _stage("train").contract, here)):
+        return None
+    return other.train_dir
+
+
+def adopt(view: RunConfig) -> None:
+    """Move in the drafter :func:`adoptable` finds, if any."""
+    found = adoptable(view)
+    if found is not None:
+        place = RunPaths.of(view).train_dir
+        place.parent.mkdir(parents=True, exist_ok=True)
+        found.rename(place)
+        log.info("%s: adopted %s, trained with the same settings and input, as %s", label("train", view), found, place)
+
+
 def statuses(config: RunConfig) -> dict[str, StageState]:
     """Every active step's state, before anything runs; a step after one that is not current is
     stale too, since running it would redo it."""
@@ -129,6 +156,11 @@ def statuses(config: RunConfig) -> dict[str, StageState]:
         if step.stage not in active:
             continue
         state = check(step.config, step.stage.contract, RunPaths.of(step.config))
+        found = adoptable(step.config) if step.stage.name == "train" and state.status == "missing" else None
+        if found is not None:
+            state = StageState(
+                step.stage.name, "missing", [f"made in {found} with the same settings: eyas run moves it here"]
+            )
         late = behind(step, RunPaths.of(step.config), states)
         if state.status == "current" and late is not None:
             state = StageState(step.stage.name, "stale", [f"{late[0]} before it is {late[2].status}"])
@@ -231,6 +263,8 @@ def prepare(
     current and need not run."""
     paths = paths or RunPaths.of(config)
     require_inputs(config, name, config_path, paths, run_config)
+    if name == "train":
+        adopt(config)
     stage = _stage(name)
     if stage.contract.resumes_itself:
         return True
@@ -271,6 +305,8 @@ def run(
     ``families``, the comparison, when every drafter family of the run was evaluated."""
     active = active_stages(config)
     results: dict[str, dict] = {}
+    for view in config.drafter_views():
+        adopt(view)
     for step in steps(config, select(first, last)):
         stage, paths = step.stage, RunPaths.of(step.config)
         if stage not in active:

@@ -213,8 +213,13 @@ def test_two_drafter_families_share_the_data_stages_and_are_compared(config_path
     config = load_config(copy)
     run_dir = copy.parent / "run"
     merged = read_marker(run_dir / "merge" / "stage.json")
+    trained = read_marker(run_dir / "train" / "final" / "stage.json")
+    assert "eyas run moves it here" in pipeline.statuses(config)["train (eagle3)"].why
     results = pipeline.run(config, quiet=True)
-    family_steps = [f"{stage} ({family})" for family in ("eagle3", "dflash") for stage in ("train", "export", "eval")]
+    assert read_marker(run_dir / "eagle3" / "train" / "final" / "stage.json") == trained
+    # EAGLE-3's drafter, trained before DFlash was added with the same settings, moves, not retrains.
+    assert results["train (eagle3)"]["status"] == "up to date" and not (run_dir / "train").exists()
+    family_steps = ["export (eagle3)", "eval (eagle3)", *(f"{stage} (dflash)" for stage in ("train", "export", "eval"))]
     assert [s for s, r in results.items() if r["status"] == "ran"] == [
         "generate",
         "tokenize",
