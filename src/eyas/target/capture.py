@@ -1,4 +1,5 @@
-"""Capture the hidden states an EAGLE-3 drafter trains on, with forward hooks.
+"""Capture the hidden states a drafter trains on (EAGLE-3's three aux layers, DFlash's context
+layers, and the final state), with forward hooks.
 
 Layer convention (off-by-one here silently ruins a drafter, so it is fixed in one place):
 ``aux_layers`` are 0-based decoder layer indices whose *outputs* are captured. The default
