@@ -41,6 +41,10 @@ a run of both families never retrains DFlash."""
 FAMILY_KEYS = {"drafter", "dflash"}
 """The keys that name and set up DFlash: out of an EAGLE-3 drafter's fingerprint, so EAGLE-3 runs
 keep the one they had before DFlash existed, and tuning DFlash never retrains EAGLE-3."""
+TAU_KEYS = {"tau_prompts", "tau_draft_tokens", "tau_new_tokens"}
+"""``train.*`` keys that only measure τ during training: they choose the final drafter when it is
+the one with the best τ (:func:`selects_by_tau`) and change nothing otherwise, so
+:func:`fingerprint` holds them only then (and ``train.tau_prompts`` as 0 when τ is not measured)."""
 LENGTH_KEYS = ("train.max_steps", "train.epochs")
 """Raising these continues a finished run from its newest checkpoint (the learning-rate
 schedule is recomputed for the new length); lowering them retrains."""
@@ -58,21 +62,26 @@ def selects_by_tau(config: RunConfig) -> bool:
 
 
 def fingerprint(config: RunConfig) -> dict:
-    """Every hyperparameter, and where the states come from: offline, extract's marker names the
-    target and layers; online, this stage runs the target itself. When the final drafter is the
-    one with the best τ, which steps are measured decides it too."""
-    family = EAGLE3_KEYS if config.train.drafter == "dflash" else FAMILY_KEYS
-    keys = {
-        **flat("train", config.train.model_dump(mode="json", exclude=SPEED_KEYS | family)),
-        "extract.mode": config.extract.mode,
-    }
-    if config.train.init_from:
+    """Every hyperparameter the family trains with, and where the states come from: offline,
+    extract's marker names the target and layers; online, this stage runs the target itself.
+    DFlash's own learning rate, when set, is the one it trains at, so ``train.lr`` is left out.
+    τ's settings, and which steps are measured, count only when the final drafter is the one
+    with the best τ; otherwise ``train.tau_prompts`` is 0 however many the config names, so
+    turning the measurement on reads as that key going from 0."""
+    cfg, by_tau = config.train, selects_by_tau(config)
+    left_out = SPEED_KEYS | TAU_KEYS | (EAGLE3_KEYS if cfg.drafter == "dflash" else FAMILY_KEYS)
+    if cfg.drafter == "dflash" and cfg.dflash.lr is not None:
+        left_out |= {"lr"}
+    keys = {**flat("train", cfg.model_dump(mode="json", exclude=left_out)), "extract.mode": config.extract.mode}
+    if cfg.init_from:
         from eyas.drafter.layout import content_digest
 
         # The source by content, not path: a drafter retrained in place makes this run stale.
-        keys["train.init_from"] = content_digest(Path(config.train.init_from)) or "missing"
-    if selects_by_tau(config):
-        keys |= {"train.eval_every": config.train.eval_every, "train.eval_with_target": config.train.eval_with_target}
+        keys["train.init_from"] = content_digest(Path(cfg.init_from)) or "missing"
+    keys["train.tau_prompts"] = cfg.tau_prompts if by_tau else 0
+    if by_tau:
+        measured = ("tau_draft_tokens", "tau_new_tokens", "eval_every", "eval_with_target")
+        keys |= {f"train.{key}": getattr(cfg, key) for key in measured}
     if config.extract.mode == "online":
         from eyas.target import aux_layers, served_identity
 

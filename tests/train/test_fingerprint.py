@@ -1,0 +1,49 @@
+"""What a drafter's marker holds: the settings its family trains with, no others, named as written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import eyas.train
+from eyas.paths import RunPaths
+from eyas.stage import StageState, check
+from tests.stages import mark_finished
+from tests.train.conftest import load_tiny
+
+
+def finished(run_dir: Path, **train) -> None:
+    """A train marker (over a merge marker) as if a run with these settings had just finished."""
+    config = load_tiny(run_dir, **train)
+    paths = RunPaths.of(config)
+    mark_finished(config, "merge", "train")
+    for output in eyas.train.CONTRACT.outputs(config, paths):
+        output.touch()
+
+
+def status(run_dir: Path, **train) -> StageState:
+    """The train row of ``eyas status`` under these settings."""
+    config = load_tiny(run_dir, **train)
+    return check(config, eyas.train.CONTRACT, RunPaths.of(config))
+
+
+def test_dflash_is_current_whatever_the_learning_rate_it_does_not_train_at(tmp_path):
+    """DFlash's fingerprint kept ``train.lr`` when ``train.dflash.lr`` was set: tuning EAGLE-3's
+    rate in a run of both families retrained DFlash for nothing."""
+    dflash = {"drafter": "dflash", "dflash": {"lr": 2e-3}}
+    finished(tmp_path, **dflash)
+    assert status(tmp_path, lr=1e-4, **dflash).status == "current"
+    assert status(tmp_path, drafter="dflash", dflash={"lr": 1e-3}).changes == ["train.dflash.lr: 0.002 → 0.001"]
+
+
+def test_settings_of_a_tau_nobody_measures_leave_the_drafter_current(tmp_path):
+    """With ``tau_prompts: 0`` the final drafter is the last step whatever the other ``tau_*``
+    keys say; they were fingerprinted anyway."""
+    finished(tmp_path, tau_prompts=0)
+    assert status(tmp_path, tau_prompts=0, tau_new_tokens=8, tau_draft_tokens=2).status == "current"
+    measured = status(tmp_path, tau_prompts=4)
+    assert measured.status == "stale" and "train.tau_prompts: 0 → 4" in measured.changes
+
+
+def test_tau_settings_count_where_tau_picks_the_drafter(tmp_path):
+    finished(tmp_path, tau_prompts=4)
+    assert status(tmp_path, tau_prompts=4, tau_new_tokens=8).changes == ["train.tau_new_tokens: 16 → 8"]
