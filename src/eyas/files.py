@@ -1,8 +1,15 @@
 """Files that are either complete or absent, even after a crash or a power cut.
 
-Every stage writes its outputs through :func:`atomic_path`: the content goes to a temporary
-name beside the target, is fsynced, renamed over the target, and the directory is fsynced so
-the rename itself survives. A rename without the fsyncs can leave, after a power cut, a
+Every output a marker vouches for or a later stage reads reaches its name in one of three ways,
+each fsynced before anything points at it (figures and engine logs, drawn for people to read,
+are plain writes). A single file goes through :func:`atomic_path` (a Parquet file written in
+parts, through the same steps): the content goes to a temporary name beside the target, is
+fsynced, renamed over the target, and the directory is fsynced so the rename itself survives. A
+directory (a drafter, a checkpoint, a redo) is written whole under a temporary name and put in
+place by :func:`replace_dir`, which first fsyncs every file and directory in it. A log appended
+in place (generation records, eval results, ``train/metrics.jsonl``) goes through
+:class:`eyas.jsonl.DurableAppender`, which fsyncs at least every second and on close, and whose
+torn last line the next start drops. A rename without the fsyncs can leave, after a power cut, a
 complete-looking name whose content never reached the disk.
 """
 
@@ -27,6 +34,14 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """Every file under ``path``, then every directory from the deepest up, on disk."""
+    for root, _, files in os.walk(path, topdown=False):
+        for name in files:
+            fsync_file(Path(root, name))
+        fsync_dir(Path(root))
 
 
 @contextlib.contextmanager
@@ -83,8 +98,10 @@ def replace_dir(new: Path, old: Path) -> None:
     crash while deleting them (hidden states take a while) leaves them under a name that
     :func:`recover_dir` removes, not in the redo place where they would pass for a redo. Where
     the two cannot be exchanged in one step, ``old`` is renamed to ``<old>.old`` first, which
-    :func:`recover_dir` puts back if a crash falls between the two renames.
+    :func:`recover_dir` puts back if a crash falls between the two renames. ``new`` is fsynced
+    first, so the name never holds files whose content a power cut lost.
     """
+    fsync_tree(new)
     recover_dir(old)
     aside = old.with_name(old.name + ".old")
     if not old.exists():

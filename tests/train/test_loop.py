@@ -117,6 +117,18 @@ def test_checkpoints_in_progress_made_otherwise_are_refused_or_discarded(merged_
     assert [r["step"] for r in read_metrics(merged_run / "train" / "metrics.jsonl")] == [1, 2]
 
 
+@pytest.mark.slow
+def test_a_run_killed_in_the_middle_of_a_metrics_line_resumes(merged_run):
+    """The half line a kill left in metrics.jsonl made every later run die parsing it."""
+    settings = {"max_steps": 2, "epochs": 10.0, "checkpoint_every": 1, "tau_prompts": 0}
+    eyas.train.run(load_tiny(merged_run, **settings), quiet=True, stop_after=1)
+    metrics = merged_run / "train" / "metrics.jsonl"
+    with metrics.open("a") as f:
+        f.write('{"split": "train", "step": 2, "lo')
+    assert eyas.train.run(load_tiny(merged_run, **settings), quiet=True)["step"] == 2
+    assert [r["step"] for r in read_metrics(metrics)] == [1, 2]
+
+
 def test_missing_corpus_is_a_stage_error_naming_merge(tmp_path):
     with pytest.raises(StageError, match="merge"):
         eyas.train.run(load_tiny(tmp_path / "empty"), quiet=True)

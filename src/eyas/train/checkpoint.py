@@ -3,9 +3,10 @@
 ``train/checkpoints/step-NNNNNNNN/`` holds the drafter in the servable SGLang layout
 (``config.json`` + ``model.safetensors``, fp32, bit-exact), ``state.pt`` with everything
 else, and ``made_with.json``: what the run was made with (data digests, hyperparameters), read
-without loading the optimizer state to decide whether a checkpoint may be continued. The data position is the step number itself (see :mod:`eyas.train.data`). A checkpoint
-is written under a ``.tmp`` name and renamed when complete, so a directory named ``step-*``
-is always whole; the two newest are kept.
+without loading the optimizer state to decide whether a checkpoint may be continued. The data
+position is the step number itself (see :mod:`eyas.train.data`). A checkpoint is written under
+a ``.tmp`` name, fsynced and renamed when complete (:func:`eyas.files.replace_dir`), so a
+directory named ``step-*`` is always whole, even after a power cut; the two newest are kept.
 
 States are gathered to full tensors with ``torch.distributed.checkpoint.state_dict``, which
 is a plain copy for one process or DDP and an all-gather under FSDP: every rank calls
@@ -111,7 +112,7 @@ def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: boo
     torch.save(state, tmp / STATE_FILE)
     (tmp / MADE_WITH_FILE).write_text(json.dumps(made, indent=2))
     shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
+    replace_dir(tmp, final)
     for old in sorted(checkpoints_dir(train_dir).glob("step-*"))[:-KEEP]:
         if not old.name.endswith(".tmp"):
             shutil.rmtree(old, ignore_errors=True)

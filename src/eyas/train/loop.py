@@ -278,8 +278,7 @@ def resume(trainer: Trainer) -> None:
             path, trainer.drafter, trainer.optimizer, trainer.scheduler, trainer.made_with
         )
         log.info("resuming from %s (step %d of %d)", path, trainer.step, trainer.total)
-    trainer.metrics = MetricsLog(trainer.paths.train_metrics, trainer.world.is_main)
-    trainer.metrics.truncate_after(trainer.step)
+    trainer.metrics = MetricsLog(trainer.paths.train_metrics, trainer.world.is_main, trainer.step)
     if trainer.world.is_main:
         trainer.best = forget_later_than(trainer.paths.train_best, trainer.step)
 
@@ -400,6 +399,7 @@ def finish(trainer: Trainer, started: StageRun, resumed_at: int) -> dict:
     marker inside (one rename puts both in place): gathered on every rank (collective under
     FSDP), written by rank 0."""
     run_eval(trainer)
+    trainer.metrics.close()  # every line on disk before the marker says the run is done
     # Measured, the drafter to write is the best one, on disk; else gather the last step's.
     weights = checkpoint.full_weights(trainer.drafter) if trainer.held_out is None else None
     out = trainer.paths.train_final
@@ -470,26 +470,10 @@ def _clear_unless_resumable(work: RunPaths, started: StageRun, redo: bool) -> No
     shutil.rmtree(work.train_dir)
 
 
-def train(
-    config: RunConfig, world: World, quiet: bool = False, stop_after: int | None = None, redo: bool = False
-) -> dict:
-    """Build, resume, step to the end (or ``stop_after`` steps on, with a checkpoint), finish;
-    when the drafter on disk is current already, say so and return it."""
-    paths = RunPaths.of(config)
-    started = begin(config, CONTRACT, paths)
-    state = check(config, CONTRACT, paths)
-    if state.status == "current":
-        log.info("the drafter in %s is up to date", paths.train_final)
-        steps = read_marker(paths.marker("train"))["run"].get("steps")
-        return {"step": steps, "total_steps": steps, "final": str(paths.train_final), "eval": None}
-    work = workspace(paths, state, started, redo, world)
-    if work is None:
-        log.info("a finished redo was swapped in: %s", paths.train_final)
-        return {"step": None, "total_steps": None, "final": str(paths.train_final), "eval": None}
-    trainer = build(config, world, work, started)
-    resume(trainer)
+def steps_and_finish(trainer: Trainer, started: StageRun, quiet: bool, stop_after: int | None) -> dict:
+    """Step to the end, or ``stop_after`` steps on with a checkpoint; finish at the end."""
     resumed_at = trainer.step
-    cfg, total = trainer.cfg, trainer.total
+    cfg, total, world = trainer.cfg, trainer.total, trainer.world
     stop_at = total if stop_after is None else min(total, trainer.step + stop_after)
     with progress(quiet or not world.is_main, unit="tok") as bar:
         task = bar.add_task("train", total=total, completed=trainer.step, rate=0.0)
@@ -509,7 +493,31 @@ def train(
     if trainer.step < total:
         log.info("stopped at step %d of %d; rerun the same command to continue", trainer.step, total)
         return {"step": trainer.step, "total_steps": total, "final": None, "eval": None}
-    result = finish(trainer, started, resumed_at)
+    return finish(trainer, started, resumed_at)
+
+
+def train(
+    config: RunConfig, world: World, quiet: bool = False, stop_after: int | None = None, redo: bool = False
+) -> dict:
+    """Build, resume, step to the end (or ``stop_after`` steps on, with a checkpoint), finish;
+    when the drafter on disk is current already, say so and return it."""
+    paths = RunPaths.of(config)
+    started = begin(config, CONTRACT, paths)
+    state = check(config, CONTRACT, paths)
+    if state.status == "current":
+        log.info("the drafter in %s is up to date", paths.train_final)
+        steps = read_marker(paths.marker("train"))["run"].get("steps")
+        return {"step": steps, "total_steps": steps, "final": str(paths.train_final), "eval": None}
+    work = workspace(paths, state, started, redo, world)
+    if work is None:
+        log.info("a finished redo was swapped in: %s", paths.train_final)
+        return {"step": None, "total_steps": None, "final": str(paths.train_final), "eval": None}
+    trainer = build(config, world, work, started)
+    resume(trainer)
+    with trainer.metrics:
+        result = steps_and_finish(trainer, started, quiet, stop_after)
+    if result["final"] is None:
+        return result
     if work != paths and world.is_main:
         replace_dir(work.train_dir, paths.train_dir)
         log.info("the retrained drafter replaces the old one in %s", paths.train_dir)
