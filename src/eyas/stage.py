@@ -61,6 +61,12 @@ class StageContract:
     resumes_itself: bool = False
     """Always run, never refused: the stage keeps per-record results keyed by their content and
     redoes exactly what changed (generate, tokenize, eval)."""
+    history: Callable[[dict], dict[str, str]] | None = None
+    """How outputs were reached where no setting says it (a training run continued to a longer
+    length): given a marker's fingerprint, each key there that records it, with a phrase for
+    ``eyas status``. Those keys count in the digest, so later stages tell such outputs from
+    fresh ones; no config sets them, so the marker expected now takes them from the one on disk
+    and a current state says them."""
 
 
 def flat(prefix: str, value: Any) -> dict:
@@ -178,11 +184,14 @@ class StageState:
     elsewhere: list[str] = field(default_factory=list)
     """For a current stage made on a machine where ``auto`` meant something else: what it ran
     with and what this machine would use. ``eyas run`` here leaves it as it is."""
+    history: list[str] = field(default_factory=list)
+    """For a current stage, how its outputs were reached where a fresh run would have made
+    others (:attr:`StageContract.history`)."""
 
     @property
     def why(self) -> str:
-        if self.elsewhere:
-            return "up to date; " + "; ".join(self.elsewhere)
+        if self.history or self.elsewhere:
+            return "up to date; " + "; ".join(self.history + self.elsewhere)
         return "; ".join(self.changes) if self.changes else "up to date"
 
 
@@ -207,11 +216,12 @@ def check(config: RunConfig, contract: StageContract, paths: RunPaths) -> StageS
     if absent:
         return StageState(name, "missing", [f"{_shown(absent[0], paths)} is missing"])
     now = expected_marker(config, contract, paths)
+    history = contract.history(on_disk.get("fingerprint", {})) if contract.history is not None else {}
+    now["fingerprint"] |= {key: on_disk["fingerprint"][key] for key in history}
     changes = differences(on_disk, now)
     if not changes:
-        return StageState(
-            name, "current", elsewhere=_resolved_otherwise(on_disk, resolved_by(config, now["fingerprint"]))
-        )
+        elsewhere = _resolved_otherwise(on_disk, resolved_by(config, now["fingerprint"]))
+        return StageState(name, "current", history=list(history.values()), elsewhere=elsewhere)
     only_settings = on_disk.get("inputs") == now["inputs"] and on_disk.get("outputs") == now.get("outputs")
     extendable = (
         contract.extends is not None

@@ -46,7 +46,7 @@ def test_a_checkpoint_and_a_drafter_are_fsynced_before_they_are_renamed_into_pla
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     events = record_disk_writes(monkeypatch)
 
-    saved = checkpoint.save(tmp_path, 1, drafter, optimizer, scheduler, True, {"made": "with"})
+    saved = checkpoint.save(tmp_path, 1, drafter, optimizer, scheduler, True, {"made": "with"}, [[0, 1]])
     assert synced_before_named(events, saved) == {p.name for p in saved.iterdir()}
     assert ("fsync", str(saved.parent.resolve())) in events[events.index(("rename", str(saved.resolve()))) :]
 

@@ -14,7 +14,7 @@ from eyas import pipeline
 from eyas.config import ConfigError
 from eyas.drafter.model import Eagle3Drafter
 from eyas.paths import RunPaths
-from eyas.stage import StageError, check, digest, read_marker
+from eyas.stage import StageError, begin, check, digest, read_marker
 from eyas.train.checkpoint import checkpoints_dir
 from eyas.train.metrics import read_metrics
 from tests.kills import kill_at_each
@@ -87,12 +87,25 @@ def test_a_finished_drafter_is_never_rewritten_from_other_settings(merged_run):
     assert state.status == "stale" and state.extendable and state.changes == ["train.max_steps: 1 → 2"]
     assert pipeline.prepare(longer, "train")  # a longer run needs no --redo: it continues
     result = eyas.train.run(longer, quiet=True)
-    assert result["step"] == 2 and read_marker(paths.marker("train"))["run"]["continued_from_step"] == 1
+    marker = read_marker(paths.marker("train"))
+    assert result["step"] == 2 and marker["run"]["continued_from_step"] == 1
     assert [r["step"] for r in read_metrics(paths.train_metrics)] == [1, 2]
     steps = [load_file(str(checkpoints_dir(paths.train_dir) / f"step-{n:08d}" / "model.safetensors")) for n in (1, 2)]
     # Step 2 learns at the longer schedule's rate, not the zero the shorter one ended at.
     assert not all(torch.equal(steps[0][k], steps[1][k]) for k in steps[0])
+    # Step 1 followed the 1-step schedule, and τ was measured there: not what a fresh 2-step run
+    # makes, so the marker (and every digest downstream) must not pass for that run's.
+    assert marker["fingerprint"]["train.continued"] == [[0, 1], [1, 2]]
+    assert digest(marker) != digest(begin(longer, eyas.train.CONTRACT, paths).marker)
+    state = check(longer, eyas.train.CONTRACT, paths)
+    assert state.status == "current" and state.why == (
+        "up to date; continued from a shorter run, so not the drafter a fresh run trains: its learning-rate "
+        "schedule was a 1-step one from step 0, then a 2-step one from step 1, and τ was also measured where a "
+        "shorter run ended (step 1); delete its train directory to train it fresh"
+    )
     assert eyas.train.run(longer, quiet=True)["step"] == 2  # now current: nothing runs
+    longer_still = check(load_tiny(merged_run, max_steps=3), eyas.train.CONTRACT, paths)
+    assert longer_still.extendable and longer_still.changes == ["train.max_steps: 2 → 3"]
 
     other = load_tiny(merged_run, max_steps=2, lr=1e-4)
     with pytest.raises(StageError, match=r"made with other settings or input \(train.lr: 0.003 → 0.0001\).*--redo"):

@@ -18,8 +18,9 @@ never stopped (weights, optimizer, scheduler, RNG and data position); the same c
 under ``torchrun`` trains data-parallel with the gradient of one process on the global batch.
 A finished drafter is never rewritten from a checkpoint made with other data or settings: a
 longer run (``train.max_steps`` or ``train.epochs`` raised) continues from the newest
-checkpoint, anything else retrains in ``train.redo/``, swapped in whole when it finishes, so a
-crash at any moment leaves the old drafter with its marker or the new one with its own.
+checkpoint, its marker recording that it was continued (:data:`CONTINUED_KEY`); anything
+else retrains in ``train.redo/``, swapped in whole when it finishes, so a crash at any moment
+leaves the old drafter with its marker or the new one with its own.
 """
 
 from __future__ import annotations
@@ -47,7 +48,13 @@ the one with the best τ (:func:`selects_by_tau`) and change nothing otherwise, 
 :func:`fingerprint` holds them only then (and ``train.tau_prompts`` as 0 when τ is not measured)."""
 LENGTH_KEYS = ("train.max_steps", "train.epochs")
 """Raising these continues a finished run from its newest checkpoint (the learning-rate
-schedule is recomputed for the new length); lowering them retrains."""
+schedule is recomputed for the new length, from the step reached); lowering them retrains."""
+CONTINUED_KEY = "train.continued"
+"""In the marker of a drafter whose run was continued to a longer length: ``[first step, steps
+its schedule runs to]`` for each part of the run trained under one learning-rate schedule. A
+continued drafter is not the one a fresh run of the new length trains — its first steps
+followed a shorter schedule, and τ was measured where the shorter run ended — so this key keeps
+its digest apart from a fresh run's. No config sets it (:func:`history`)."""
 
 
 def runs_target(config: RunConfig) -> bool:
@@ -102,6 +109,24 @@ def _not_shorter(old, new) -> bool:
     return new is None or (old is not None and new >= old)
 
 
+def history(fingerprint: dict) -> dict[str, str]:
+    """How a finished drafter's run was continued, in words for ``eyas status``."""
+    parts = fingerprint.get(CONTINUED_KEY)
+    if not parts:
+        return {}
+    followed = ", then ".join(f"a {total}-step one from step {start}" for start, total in parts)
+    ended = [start for (_, total), (start, _) in zip(parts, parts[1:]) if start == total]
+    tau = (
+        f", and τ was also measured where a shorter run ended (step {', '.join(map(str, ended))})"
+        if ended and "train.eval_every" in fingerprint
+        else ""
+    )
+    return {
+        CONTINUED_KEY: f"continued from a shorter run, so not the drafter a fresh run trains: its learning-rate "
+        f"schedule was {followed}{tau}; delete its train directory to train it fresh"
+    }
+
+
 def inputs(config: RunConfig) -> list[str]:
     return ["merge", "extract"] if config.extract.mode == "offline" else ["merge"]
 
@@ -112,6 +137,7 @@ CONTRACT = StageContract(
     fingerprint,
     lambda c, p: [p.train_final / "config.json", p.train_final / "model.safetensors"],
     extends=is_longer,
+    history=history,
 )
 
 

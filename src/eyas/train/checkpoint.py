@@ -100,7 +100,10 @@ def made_with(path: Path) -> dict | None:
     return json.loads(file.read_text()) if file.is_file() else None
 
 
-def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: bool, made: dict) -> Path:
+def save(
+    train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: bool, made: dict, schedules: list[list[int]]
+) -> Path:
+    """``schedules``: each learning-rate schedule the run has followed (``Trainer.schedules``)."""
     final = checkpoints_dir(train_dir) / f"step-{step:08d}"
     weights, optim = full_state(drafter, optimizer)
     if not is_main:
@@ -108,7 +111,13 @@ def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: boo
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     save_drafter(weights, drafter.spec, tmp)
-    state = {"step": step, "optimizer": optim, "scheduler": scheduler.state_dict(), "rng": rng_state()}
+    state = {
+        "step": step,
+        "optimizer": optim,
+        "scheduler": scheduler.state_dict(),
+        "rng": rng_state(),
+        "schedules": schedules,
+    }
     torch.save(state, tmp / STATE_FILE)
     (tmp / MADE_WITH_FILE).write_text(json.dumps(made, indent=2))
     shutil.rmtree(final, ignore_errors=True)
@@ -119,8 +128,9 @@ def save(train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: boo
     return final
 
 
-def restore(path: Path, drafter, optimizer, scheduler, made: dict) -> int:
-    """Load a checkpoint into live objects (every rank reads it); returns the steps already done.
+def restore(path: Path, drafter, optimizer, scheduler, made: dict) -> tuple[int, list[list[int]]]:
+    """Load a checkpoint into live objects (every rank reads it); returns the steps already done
+    and the learning-rate schedules followed so far.
 
     Refuses a checkpoint made with other data or settings than ``made``: continuing it would be
     neither the old run nor the new one."""
@@ -140,7 +150,9 @@ def restore(path: Path, drafter, optimizer, scheduler, made: dict) -> int:
     )
     keep_schedule(scheduler, state["scheduler"])
     set_rng_state(state["rng"])
-    return int(state["step"])
+    # A checkpoint written before schedules were recorded followed its saved schedule from step 0.
+    schedules = state.get("schedules") or [[0, state["scheduler"]["lr_lambdas"][0]["total"]]]
+    return int(state["step"]), schedules
 
 
 def keep_schedule(scheduler, saved: dict) -> None:

@@ -32,7 +32,7 @@ from eyas.stage import StageError, StageRun, StageState, begin, check, differenc
 from eyas.target import load_model, load_tokenizer, stop_token_ids
 from eyas.target.capture import check_aux_layers, num_decoder_layers
 from eyas.target.heads import TargetParts, from_files, from_model
-from eyas.train import CONTRACT, LENGTH_KEYS, checkpoint, runs_target
+from eyas.train import CONTINUED_KEY, CONTRACT, LENGTH_KEYS, checkpoint, runs_target
 from eyas.train.blocks import BlockObjective, decay_weights
 from eyas.train.data import OfflineSource, OnlineSource, Schedule, check_sizes, read_split
 from eyas.train.distributed import World
@@ -202,6 +202,10 @@ class Trainer:
     total: int
     made_with: dict
     """:func:`resume_key`: what this run's checkpoints are made with."""
+    schedules: list[list[int]]
+    """``[first step, total]`` of each learning-rate schedule the run has followed: one for a run
+    trained to its length in one go, one more from the step a longer run continued at
+    (:data:`eyas.train.CONTINUED_KEY`)."""
     step_weights: torch.Tensor
     """[objective.positions] float64: the weight of each TTT step's loss (``step_weight ** k``),
     or of each DFlash block position's (``exp(-(k-1)/γ)``)."""
@@ -263,21 +267,33 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
         objective=objective,
         total=total,
         made_with=resume_key(started),
+        schedules=[[0, total]],
         step_weights=torch.tensor(weights, dtype=torch.float64),
         autocast=autocast_for(world.device),
     )
 
 
 def resume(trainer: Trainer) -> None:
-    """Continue from the newest checkpoint, if any, and cut the metrics log back to its step so
-    the file reads as one run. The log is opened only once the checkpoint is accepted, so a
+    """Continue from the newest checkpoint, if any (a longer run than the checkpoint's goes on
+    under its own schedule from there, another part of ``schedules``), and cut the metrics log
+    back to its step so the file reads as one run. The log is opened only once the checkpoint is accepted, so a
     refused resume adds no TensorBoard files."""
     path = checkpoint.latest(trainer.paths.train_dir)
     if path is not None:
-        trainer.step = checkpoint.restore(
+        trainer.step, schedules = checkpoint.restore(
             path, trainer.drafter, trainer.optimizer, trainer.scheduler, trainer.made_with
         )
         log.info("resuming from %s (step %d of %d)", path, trainer.step, trainer.total)
+        if schedules[-1][1] != trainer.total:
+            schedules = [*schedules, [trainer.step, trainer.total]]
+            log.info(
+                "the run was %d steps long: from step %d the learning rate follows the %d-step schedule, and the "
+                "drafter's marker says it was continued",
+                schedules[-2][1],
+                trainer.step,
+                trainer.total,
+            )
+        trainer.schedules = schedules
     trainer.metrics = MetricsLog(trainer.paths.train_metrics, trainer.world.is_main, trainer.step)
     if trainer.world.is_main:
         trainer.best = forget_later_than(trainer.paths.train_best, trainer.step)
@@ -390,6 +406,7 @@ def save_checkpoint(trainer: Trainer) -> None:
         trainer.scheduler,
         trainer.world.is_main,
         trainer.made_with,
+        trainer.schedules,
     )
     trainer.world.barrier()
 
@@ -397,12 +414,16 @@ def save_checkpoint(trainer: Trainer) -> None:
 def finish(trainer: Trainer, started: StageRun, resumed_at: int) -> dict:
     """The last evaluation, then the drafter alone in the servable layout with the stage's
     marker inside (one rename puts both in place): gathered on every rank (collective under
-    FSDP), written by rank 0."""
+    FSDP), written by rank 0. A run that changed schedule part-way, being no fresh run, says so
+    in its marker's fingerprint."""
     run_eval(trainer)
     trainer.metrics.close()  # every line on disk before the marker says the run is done
     # Measured, the drafter to write is the best one, on disk; else gather the last step's.
     weights = checkpoint.full_weights(trainer.drafter) if trainer.held_out is None else None
     out = trainer.paths.train_final
+    if len(trainer.schedules) > 1:
+        fingerprint = {**started.marker["fingerprint"], CONTINUED_KEY: trainer.schedules}
+        started = replace(started, marker={**started.marker, "fingerprint": fingerprint})
     if trainer.world.is_main:
         facts = {"steps": trainer.step} | ({"continued_from_step": resumed_at} if resumed_at else {})
         if trainer.best is not None:
