@@ -34,7 +34,16 @@ from rich.table import Table
 from eyas.config import ConfigError, RunConfig
 from eyas.console import console
 from eyas.paths import FAMILY_STAGES, RunPaths
-from eyas.stage import StageContract, StageError, StageState, check, digest, expected_marker, read_marker
+from eyas.stage import (
+    StageContract,
+    StageError,
+    StageState,
+    check,
+    digest,
+    expected_marker,
+    read_marker,
+    take_history,
+)
 
 log = logging.getLogger(__name__)
 
@@ -132,9 +141,11 @@ def adoptable(view: RunConfig) -> Path | None:
         return None
     other = RunPaths.layout(Path(view.run_dir), None if view.family_subdir else view.train.drafter)
     found = read_marker(other.marker("train"))
-    if found is None or digest(found) != digest(expected_marker(view, _stage("train").contract, here)):
+    if found is None:
         return None
-    return other.train_dir
+    expected = expected_marker(view, _stage("train").contract, here)
+    take_history(expected, found, _stage("train").contract)  # a continued drafter is adopted as it stands
+    return other.train_dir if digest(found) == digest(expected) else None
 
 
 def adopt(view: RunConfig) -> None:

@@ -205,6 +205,15 @@ def _resolved_otherwise(marker: dict, here: dict) -> list[str]:
     ]
 
 
+def take_history(now: dict, on_disk: dict, contract: StageContract) -> dict[str, str]:
+    """Put into the marker expected ``now`` the history keys the marker ``on_disk`` records
+    (:attr:`StageContract.history`), so that outputs reached that way compare equal when nothing
+    else changed; returns them with their phrases."""
+    history = contract.history(on_disk.get("fingerprint", {})) if contract.history is not None else {}
+    now["fingerprint"] |= {key: on_disk["fingerprint"][key] for key in history}
+    return history
+
+
 def check(config: RunConfig, contract: StageContract, paths: RunPaths) -> StageState:
     """Compare the marker on disk with the one the stage would write now."""
     name = contract.name
@@ -216,8 +225,7 @@ def check(config: RunConfig, contract: StageContract, paths: RunPaths) -> StageS
     if absent:
         return StageState(name, "missing", [f"{_shown(absent[0], paths)} is missing"])
     now = expected_marker(config, contract, paths)
-    history = contract.history(on_disk.get("fingerprint", {})) if contract.history is not None else {}
-    now["fingerprint"] |= {key: on_disk["fingerprint"][key] for key in history}
+    history = take_history(now, on_disk, contract)
     changes = differences(on_disk, now)
     if not changes:
         elsewhere = _resolved_otherwise(on_disk, resolved_by(config, now["fingerprint"]))

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import eyas.train
+from eyas import pipeline
+from eyas.files import write_json_atomic
 from eyas.paths import RunPaths
-from eyas.stage import StageState, check
+from eyas.stage import StageState, check, read_marker
 from tests.stages import mark_finished
 from tests.train.conftest import load_tiny
 
@@ -47,3 +49,16 @@ def test_settings_of_a_tau_nobody_measures_leave_the_drafter_current(tmp_path):
 def test_tau_settings_count_where_tau_picks_the_drafter(tmp_path):
     finished(tmp_path, tau_prompts=4)
     assert status(tmp_path, tau_prompts=4, tau_new_tokens=8).changes == ["train.tau_new_tokens: 16 → 8"]
+
+
+def test_a_continued_drafter_is_adopted_when_the_run_gains_a_family(tmp_path):
+    """A continued drafter's marker holds ``train.continued``, which no config sets: the check
+    that moves the drafter to ``<run_dir>/eagle3/`` compares it as ``eyas status`` does, so the
+    drafter is moved, not retrained."""
+    finished(tmp_path)
+    marker_path = RunPaths.of(load_tiny(tmp_path)).marker("train")
+    continued = read_marker(marker_path)
+    continued["fingerprint"]["train.continued"] = [[0, 1], [1, 2]]
+    write_json_atomic(marker_path, continued)
+    eagle3 = load_tiny(tmp_path, drafter=["eagle3", "dflash"]).drafter_views()[0]
+    assert pipeline.adoptable(eagle3) == tmp_path / "train"
