@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -58,6 +59,26 @@ def test_missing_drafter_is_a_clear_error(run_setup, tmp_path):
     config, name = stage.with_overrides(load_config(run_setup / "run.yaml"), draft=str(tmp_path))
     with pytest.raises(StageError, match="no drafter"):
         stage.run(config, quiet=True, name=name)
+
+
+def test_another_engines_missing_layout_names_the_export_that_writes_it(overfit, tmp_path):
+    """``--engine vllm`` on a run that exports only SGLang's layout reads ``export/vllm``: the
+    refusal names the command that writes that directory, and that command does."""
+    import eyas.export
+    from eyas import eval as stage
+    from eyas.config import parse_config
+    from tests.train.conftest import tiny_config
+
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": t} for t in TEXTS[:1]])
+    run = parse_config({**tiny_config(tmp_path / "run"), "eval": {"prompts": str(prompts), "max_new_tokens": 4}})
+    overfit[3].save(tmp_path / "run" / "train" / "final")
+    eyas.export.export_one(run, "sglang")
+    config, name = stage.with_overrides(run, engine="vllm")
+    with pytest.raises(StageError, match=r"run `eyas export CONFIG --format vllm`, which writes it") as refused:
+        stage.run(config, quiet=True, name=name)
+    missing = str(tmp_path / "run" / "export" / "vllm")
+    assert missing in str(refused.value)
+    assert str(eyas.export.export_one(run, "vllm")) == missing and stage.draft_dir(config) == Path(missing)
 
 
 @pytest.mark.slow

@@ -95,3 +95,20 @@ def test_sampling_is_reproducible_and_differs_across_seeds(model, prompts):
     first = sample(0)
     assert sample(0) == first and len(first) == MAX_NEW
     assert any(sample(s) != first for s in (1, 2, 3))
+
+
+@pytest.mark.parametrize("name", ["Gemma-3", "GPT-OSS"])
+def test_rejected_drafts_are_cropped_past_a_sliding_window(name, tokenizer, prompts, tmp_path):
+    """A target with sliding-window layers, decoded well past its window with drafts that are
+    always rejected (every pass crops the cache): the output is still plain greedy decoding's."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.tiny_targets import build_target
+
+    target = AutoModelForCausalLM.from_pretrained(build_target(name, tokenizer, tmp_path / name)).eval()
+    window = target.config.sliding_window
+    assert len(prompts[0]) + MAX_NEW > window
+    with TargetRunner(target) as runner:
+        reference = greedy_decode(runner, prompts[0], MAX_NEW, set())
+        out = speculative_decode(runner, Oracle(reference.tokens[1:], None, wrong=True), prompts[0], 3, MAX_NEW, set())
+    assert out.tokens == reference.tokens and out.passes == MAX_NEW - 1

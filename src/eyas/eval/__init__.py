@@ -62,7 +62,7 @@ from eyas.speculate.decode import TargetRunner, greedy_decode, speculative_decod
 from eyas.speculate.dflash import proposer_for
 from eyas.speculate.eagle import BROKEN_ORDER, EagleProposer
 from eyas.speculate.lookup import PromptLookup
-from eyas.stage import StageContract, StageRun, begin, file_digest, flat
+from eyas.stage import StageContract, StageError, StageRun, begin, file_digest, flat
 
 log = logging.getLogger(__name__)
 
@@ -154,9 +154,15 @@ def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict
         raise ConfigError(
             "--engine eyas: eval.in_process is false, so only vLLM runs the target; set it to true or drop --engine"
         )
+    drafter_dir = draft_dir(config)
+    _require_drafter(config, drafter_dir)
+    if cfg.engine == "llamacpp":
+        from eyas.drafter.layout import family_of
+        from eyas.target.llamacpp_support import require_served
+
+        require_served(config.target, family_of(drafter_dir))
     started = begin(config, CONTRACT, paths)
     paths.marker("eval").unlink(missing_ok=True)
-    drafter_dir = draft_dir(config)
     tokenizer = load_tokenizer(config.target)
     eval_prompts = load_eval_prompts(config, tokenizer)
     stop_ids = stop_token_ids(tokenizer)
@@ -177,6 +183,21 @@ def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict
     elif cfg.engine == "llamacpp":
         report["llamacpp"] = _in_llamacpp(config, dtype, drafter_dir, eval_prompts, paths)
     return _finish(report, paths, started, quiet, keep=results_path)
+
+
+def _require_drafter(config: RunConfig, drafter_dir: Path) -> None:
+    """Refuse, before loading anything, a drafter directory that holds none, naming the command
+    that writes it: the run's own export holds only the layouts its config serves, so another
+    engine's layout (``--engine vllm`` reads ``export/vllm``) is one ``--format`` away."""
+    if (drafter_dir / "config.json").is_file():
+        return
+    if config.eval.draft is not None:
+        raise StageError(f"eval: {drafter_dir} holds no drafter (no config.json); pass --draft DIR naming one")
+    layout = "vllm" if config.eval.engine == "vllm" else "sglang"
+    raise StageError(
+        f"eval: {drafter_dir} holds no drafter yet; run `eyas export CONFIG --format {layout}`, which writes it "
+        "(or pass --draft DIR)"
+    )
 
 
 def _in_llamacpp(config: RunConfig, dtype: str, drafter_dir: Path, prompts: list[EvalPrompt], paths: RunPaths) -> dict:

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eyas.stage import StageError
-
 
 def load_drafter(directory: Path, target_model):
-    """The drafter saved in ``directory`` (export or training checkpoint) on the target's device."""
+    """The drafter saved in ``directory`` (export or training checkpoint) on the target's device;
+    :func:`eyas.eval.run` has already refused a directory that holds none."""
     from eyas.drafter.families import load_drafter as load_any
 
-    if not (directory / "config.json").is_file():
-        raise StageError(
-            f"eval: {directory} holds no drafter (no config.json); run `eyas train` and `eyas export`, or pass --draft DIR"
-        )
     drafter = load_any(directory, target_model)
     drafter.eval().requires_grad_(False)
     return drafter

@@ -118,7 +118,10 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
         readme = serve_readme(format, out.resolve(), verifier, steps, dtype_name)
     elif format == "gguf":
         from eyas.export.gguf import write_gguf
+        from eyas.target.llamacpp_support import require_served
 
+        # Refused here rather than a README whose command aborts the server on its first request.
+        require_served(config.target, "dflash" if dflash else "eagle3")
         readme = write_gguf(config.target, weights, spec, dtype, tmp, out.resolve(), steps)
     else:
         layout.save_drafter(weights, spec, tmp, dtype)

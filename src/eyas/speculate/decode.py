@@ -63,6 +63,9 @@ class TargetRunner:
         from transformers import DynamicCache
 
         self.cache = DynamicCache(config=self.model.config)
+        # A sliding-window layer (Gemma-3, GPT-OSS) otherwise drops what leaves its window at each
+        # forward, and a draft rejected once the window is full could not be cropped back out.
+        self.cache.activate_past_recording()
 
     @property
     def length(self) -> int:
@@ -84,10 +87,9 @@ class TargetRunner:
 
     def crop(self, length: int) -> None:
         """Drop cached positions beyond ``length`` (rejected drafts)."""
-        # transformers 5.x: crop takes a negative count to remove; a positive value raises.
-        extra = self.length - length
-        if extra > 0:
-            self.cache.crop(-extra)
+        # transformers 5.x: crop takes a negative count to remove; a positive value raises. Called
+        # with nothing to remove too: that is what trims a recording sliding-window layer to its window.
+        self.cache.crop(length - self.length)
 
 
 @dataclass
