@@ -67,6 +67,11 @@ class StageContract:
     ``eyas status``. Those keys count in the digest, so later stages tell such outputs from
     fresh ones; no config sets them, so the marker expected now takes them from the one on disk
     and a current state says them."""
+    resolved: Callable[[RunConfig], dict] | None = None
+    """What the config's ``auto`` settings mean on this machine (``target.dtype: auto`` is
+    bfloat16 on a GPU, float32 on a CPU), for stages that run the target: fingerprints keep
+    ``auto``, so whether a stage is current does not depend on where ``eyas status`` runs, and
+    the marker records this beside it, so another machine can say it would resolve otherwise."""
 
 
 def flat(prefix: str, value: Any) -> dict:
@@ -131,7 +136,7 @@ class StageRun:
     contract: StageContract
     marker: dict
     resolved: dict = field(default_factory=dict)
-    """What the config's ``auto`` settings meant where it ran (:func:`resolved_by`)."""
+    """What the config's ``auto`` settings meant where it ran (:attr:`StageContract.resolved`)."""
     started: tuple[float, float] = field(default_factory=lambda: (time.monotonic(), time.process_time()))
 
     def finish(self, path: Path, config: RunConfig | None = None, paths: RunPaths | None = None, **run) -> dict:
@@ -158,18 +163,14 @@ class StageRun:
 
 def begin(config: RunConfig, contract: StageContract, paths: RunPaths) -> StageRun:
     marker = expected_marker(config, contract, paths, observe=False)
-    return StageRun(contract, marker, resolved_by(config, marker["fingerprint"]))
+    return StageRun(contract, marker, resolved_by(config, contract, marker["fingerprint"]))
 
 
-def resolved_by(config: RunConfig, fingerprint: dict) -> dict:
-    """What the ``auto`` settings a fingerprint holds mean on this machine. The fingerprint keeps
-    ``auto`` so that whether a stage is current does not depend on where ``eyas status`` runs;
-    the marker records this beside it, so another machine can say it would resolve otherwise."""
-    if fingerprint.get("target.dtype") != "auto":
+def resolved_by(config: RunConfig, contract: StageContract, fingerprint: dict) -> dict:
+    """:attr:`StageContract.resolved` where the fingerprint holds an ``auto`` it resolves."""
+    if contract.resolved is None or "auto" not in fingerprint.values():
         return {}
-    from eyas.target import resolved_here
-
-    return resolved_here(config.target)
+    return {k: v for k, v in contract.resolved(config).items() if fingerprint.get(k) == "auto"}
 
 
 @dataclass
@@ -228,7 +229,7 @@ def check(config: RunConfig, contract: StageContract, paths: RunPaths) -> StageS
     history = take_history(now, on_disk, contract)
     changes = differences(on_disk, now)
     if not changes:
-        elsewhere = _resolved_otherwise(on_disk, resolved_by(config, now["fingerprint"]))
+        elsewhere = _resolved_otherwise(on_disk, resolved_by(config, contract, now["fingerprint"]))
         return StageState(name, "current", history=list(history.values()), elsewhere=elsewhere)
     only_settings = on_disk.get("inputs") == now["inputs"] and on_disk.get("outputs") == now.get("outputs")
     extendable = (

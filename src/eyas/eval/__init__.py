@@ -63,6 +63,7 @@ from eyas.speculate.dflash import proposer_for
 from eyas.speculate.eagle import BROKEN_ORDER, EagleProposer
 from eyas.speculate.lookup import PromptLookup
 from eyas.stage import StageContract, StageError, StageRun, begin, file_digest, flat
+from eyas.target import resolved_here
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,9 @@ def inputs(config: RunConfig) -> list[str]:
     return (["merge"] if config.eval.prompts is None else []) + (["export"] if config.eval.draft is None else [])
 
 
-CONTRACT = StageContract("eval", inputs, fingerprint, lambda c, p: [p.eval_report], resumes_itself=True)
+CONTRACT = StageContract(
+    "eval", inputs, fingerprint, lambda c, p: [p.eval_report], resumes_itself=True, resolved=resolved_here
+)
 
 
 def default_draft_dir(paths: RunPaths, engine: str = "eyas") -> Path:

@@ -25,6 +25,7 @@ import logging
 
 from eyas.config import RunConfig
 from eyas.stage import StageContract
+from eyas.target import resolved_here
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def outputs(config: RunConfig, paths) -> list:
     return [paths.hidden_index] + [paths.hidden_dir / s["file"] for s in shards]
 
 
-CONTRACT = StageContract("extract", lambda c: ["merge"], fingerprint, outputs)
+CONTRACT = StageContract("extract", lambda c: ["merge"], fingerprint, outputs, resolved=resolved_here)
 
 
 def run(config: RunConfig, quiet: bool = False, redo: bool = False) -> dict | None:

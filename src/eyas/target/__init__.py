@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from eyas.config import EMBEDDED_TARGET, ConfigError, TargetConfig
+from eyas.config import EMBEDDED_TARGET, ConfigError, RunConfig, TargetConfig
 
 if TYPE_CHECKING:
     import torch
@@ -216,10 +216,10 @@ def served_identity(cfg: TargetConfig) -> dict:
     return {**target_identity(cfg), "target.dtype": cfg.dtype}
 
 
-def resolved_here(cfg: TargetConfig) -> dict:
-    """What ``target.dtype: auto`` means on this machine (bfloat16 on a GPU, float32 on a CPU:
-    other states), for a marker's record of what its stage ran with."""
-    return {"target.dtype": dtype_name(cfg)} if cfg.dtype == "auto" else {}
+def resolved_here(config: RunConfig) -> dict:
+    """What ``target.dtype`` means on this machine (``auto``: bfloat16 on a GPU, float32 on a
+    CPU, other states), for the marker of a stage that runs the target (``StageContract.resolved``)."""
+    return {"target.dtype": dtype_name(config.target)}
 
 
 def pick_dtype(cfg: TargetConfig, device: torch.device) -> torch.dtype:

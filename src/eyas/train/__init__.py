@@ -29,6 +29,7 @@ from pathlib import Path
 
 from eyas.config import RunConfig
 from eyas.stage import StageContract, flat
+from eyas.target import resolved_here
 
 SPEED_KEYS = {"checkpoint_every", "eval_every", "eval_with_target", "parallel", "cache_states"}
 """``train.*`` keys that change how the run is saved, reported, parallelised or fed, not the
@@ -138,6 +139,7 @@ CONTRACT = StageContract(
     lambda c, p: [p.train_final / "config.json", p.train_final / "model.safetensors"],
     extends=is_longer,
     history=history,
+    resolved=resolved_here,
 )
 
 
