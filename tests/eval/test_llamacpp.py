@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ import torch
 from eyas.config import TargetConfig, load_config, parse_config
 from eyas.paths import RunPaths
 from eyas.target.llamacpp import LlamaServer, convert, find_llamacpp, target_ggufs
+from tests.conftest import write_jsonl
 from tests.servers import served
 from tests.train.conftest import load_tiny
 
@@ -77,6 +79,8 @@ def test_eval_in_llamacpp_measures_speed_and_agrees_with_eyas(overfit, tmp_path)
 
 
 def test_a_dflash_export_serves_in_llamacpp_losslessly_and_accepts_what_eyas_measures(overfit_dflash_drafter, tmp_path):
+    """Asked for 5 draft tokens, a drafter of block size 4 is served and measured at its 3, as the
+    export's README serves it (no row is a longer draft in name only: llama.cpp would clamp it)."""
     import eyas.export
     from eyas import eval as stage
 
@@ -85,7 +89,7 @@ def test_a_dflash_export_serves_in_llamacpp_losslessly_and_accepts_what_eyas_mea
     out = eyas.export.export_one(load_tiny(run_dir, drafter="dflash"), "gguf")
     assert "--spec-type draft-dflash --spec-draft-n-max 3" in (out / "README.md").read_text()
 
-    config = engine_eval_config(tmp_path, overfit_dflash_drafter, "engine: llamacpp, llamacpp_repeats: 1")
+    config = engine_eval_config(tmp_path, overfit_dflash_drafter, "engine: llamacpp, llamacpp_repeats: 1", 5)
     report = stage.run(load_config(config), quiet=True)
     section = report["llamacpp"]
     assert list(section["methods"]) == ["dflash, n=1", "dflash, n=2", "dflash, n=3", "ngram-mod", "ngram-simple"]
@@ -153,3 +157,78 @@ def test_a_missing_llamacpp_names_make_llamacpp(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="eval.engine"):
         parse_config({"run_dir": str(tmp_path), "eval": {"engine": "llama.cpp"}})
     assert RunPaths(tmp_path).export_gguf == tmp_path / "export" / "gguf" / "draft.gguf"
+
+
+def _served_files(monkeypatch) -> list[dict]:
+    """Stands in for llama.cpp's timed rounds (servers, minutes) and records what each measurement
+    would have served: the target GGUF and every configuration's server arguments."""
+    from eyas.eval import llamacpp_engine
+
+    measured = []
+
+    def measure(config, llamacpp, target, configs, prompts, out_dir, server_args=()):
+        measured.append({"target": target, "configs": configs})
+        plain = {"tokens_per_s": 1.0, "tokens_per_s_rounds": [1.0]}
+        return {"engine": "llama.cpp", "target": str(target), "plain": plain, "methods": {}, "best_draft": None}
+
+    monkeypatch.setattr(llamacpp_engine, "measure", measure)
+    return measured
+
+
+def test_eval_in_llamacpp_measures_the_files_the_gguf_exports_readme_serves(overfit, tmp_path, monkeypatch):
+    """`eyas eval --engine llamacpp` times the GGUF files `eyas export --format gguf` writes and its
+    README's command serves (same digests), in the precision the checkpoint declares (f32 for
+    the embedded target) even where eyas computes in another (here bfloat16)."""
+    import eyas.export
+    from eyas import eval as stage
+    from eyas.stage import file_digest
+
+    measured = _served_files(monkeypatch)
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": t} for t in TEXTS[:1]])
+    (tmp_path / "run.yaml").write_text(
+        "run_dir: run\n"
+        "target: {model: embedded, device: cpu, dtype: bfloat16}\n"
+        f"eval: {{engine: llamacpp, num_draft_tokens: 2, max_new_tokens: {OVERFIT_NEW}, prompts: prompts.jsonl,"
+        " broken_control: false}\n"
+    )
+    config = load_config(tmp_path / "run.yaml")
+    overfit[3].save(tmp_path / "run" / "train" / "final")
+    eyas.export.export_one(config, "sglang")
+    readme = (eyas.export.export_one(config, "gguf") / "README.md").read_text()
+    command = re.search(r"```bash\n(.+?)\n```", readme, re.S).group(1).split()
+    served_target, served_draft = command[command.index("-m") + 1], command[command.index("-md") + 1]
+
+    stage.run(config, quiet=True)
+    [run] = measured
+    drafts = {args[args.index("-md") + 1] for name, args in run["configs"].items() if "-md" in args}
+    assert len(drafts) == 1 and "-f32.gguf" in served_target
+    assert file_digest(run["target"]) == file_digest(Path(served_target))
+    assert file_digest(Path(drafts.pop())) == file_digest(Path(served_draft))
+
+
+def test_a_llamacpp_timing_is_reused_only_by_the_build_threads_and_machine_that_measured_it(
+    overfit, tmp_path, monkeypatch
+):
+    """A rerun reads its figures back; another llama-server build, thread count or host measures
+    anew, so a comparison never sets one build's or machine's timings beside another's."""
+    import platform
+
+    from eyas import eval as stage
+    from eyas.eval import llamacpp_engine
+    from eyas.target.llamacpp import LlamaCpp
+
+    measured = _served_files(monkeypatch)
+    config = load_config(engine_eval_config(tmp_path, overfit[3], "engine: llamacpp"))
+    stage.run(config, quiet=True)
+    stage.run(config, quiet=True)
+    assert len(measured) == 1, "the same build, threads and host read the figures back"
+    monkeypatch.setattr(platform, "node", lambda: "another-host")
+    stage.run(config, quiet=True)
+    assert len(measured) == 2, "another machine"
+    monkeypatch.setattr(llamacpp_engine, "server_threads", lambda: 64)
+    stage.run(config, quiet=True)
+    assert len(measured) == 3, "another thread count"
+    # What a build's identity covers is tested with the converter's (tests/target/test_llamacpp_cache.py).
+    monkeypatch.setattr(LlamaCpp, "build_identity", lambda self: "another build")
+    stage.run(config, quiet=True)
+    assert len(measured) == 4, "another llama-server build"

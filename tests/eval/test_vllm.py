@@ -162,6 +162,33 @@ def test_eyas_releases_the_target_before_vllm_starts_and_tells_vllm_the_free_sha
     assert share == target_vllm.gpu_memory_utilization(60 * 2**30, 80 * 2**30)
 
 
+def test_vllm_is_asked_for_no_more_draft_tokens_than_a_dflash_drafter_drafts(tmp_path, model):
+    """Asked for 5, a DFlash drafter of block size 4 drafts 3 a pass: vLLM is asked for 3 (a stand-in
+    echoes what it was asked), and the row keeps a column for every position asked for."""
+    from eyas import eval as stage
+    from eyas.config import TrainConfig, load_config
+    from eyas.drafter.dflash import DFlashDrafter
+    from eyas.drafter.families import dflash_spec
+    from eyas.drafter.spec import spec_for_target
+    from eyas.target.capture import default_aux_layers, num_decoder_layers
+
+    train = TrainConfig(dflash={"block_size": 4})
+    base = spec_for_target(model.config, train, default_aux_layers(num_decoder_layers(model)), model.config.vocab_size)
+    spec = dflash_spec(base, train, 16)
+    DFlashDrafter(spec, model.get_input_embeddings().weight, model.lm_head.weight).save(tmp_path / "draft")
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": TEXTS[0]}])
+    (tmp_path / "run.yaml").write_text(
+        "run_dir: run\n"
+        f"target: {{model: embedded, device: cpu, vllm_python: {stand_in(tmp_path, EVAL)}}}\n"
+        f"eval: {{engine: vllm, in_process: false, num_draft_tokens: 5, max_new_tokens: {OVERFIT_NEW},"
+        " prompts: prompts.jsonl, draft: draft}\n"
+    )
+    report = stage.run(load_config(tmp_path / "run.yaml"), quiet=True)
+    requests = [json.loads(r.read_text())["request"] for r in (tmp_path / "run" / "eval").glob("vllm-*.json")]
+    assert {r["method"]: r["num_speculative_tokens"] for r in requests if r["method"]} == {"dflash": 3}
+    assert len(report["methods"]["dflash (vllm)"]["per_position"]) == 5
+
+
 def test_in_process_false_needs_vllm_to_run_the_target(tmp_path):
     from eyas.config import parse_config
 

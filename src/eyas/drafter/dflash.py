@@ -46,9 +46,11 @@ class DFlashSpec(DrafterSpec):
     block_size: int = 4
     mask_token_id: int = 0
 
-    @property
-    def draft_tokens(self) -> int:
-        return self.block_size - 1
+    def draft_length(self, wanted: int) -> int:
+        """At most ``block_size − 1``: one block pass drafts that many and no more. An engine asked
+        for more drafts the same tokens under another name (llama.cpp clamps with a warning), so
+        eyas never asks."""
+        return min(wanted, self.block_size - 1)
 
 
 class DFlashLayer(nn.Module):
@@ -209,7 +211,7 @@ class DFlashSession:
         cos, sin = d.rotary(x, torch.arange(self.length, self.length + d.spec.block_size, device=device)[None])
         for layer, (ck, cv) in zip(d.layers, self._kv):
             x = layer(x, ck, cv, cos, sin, None)
-        return d.target_head(d.norm(x))[0, 1 : 1 + min(k, d.spec.draft_tokens)]
+        return d.target_head(d.norm(x))[0, 1 : 1 + d.spec.draft_length(k)]
 
     def propose(self, k: int) -> list[int]:
         """Up to min(k, block_size − 1) greedy drafts from one block pass."""

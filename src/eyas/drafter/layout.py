@@ -42,6 +42,15 @@ LEGACY_WEIGHTS_FILE = "pytorch_model.bin"
 """The original EAGLE-3 releases ship their weights as a pickled state dict."""
 CHECKPOINT_DTYPE = torch.float32
 """Training checkpoints and ``train/final`` keep full precision; exports follow the target."""
+SERVED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def target_dtype(model_config: Any) -> torch.dtype:
+    """The dtype the target's checkpoint declares, which every export is written and served in
+    (llama.cpp's GGUF files, measured by eval, included); bfloat16 when it names none or a
+    quantized one."""
+    declared = getattr(model_config, "dtype", None) or getattr(model_config, "torch_dtype", None)
+    return SERVED_DTYPES.get(str(declared).removeprefix("torch."), torch.bfloat16)
 
 
 def _rope_keys(spec: DrafterSpec) -> dict[str, Any]:
@@ -180,25 +189,35 @@ def read_drafter(directory: Path, target_layers: int | None = None) -> tuple[Dra
     vLLM-style (top-level ids only), speculators, and the original EAGLE-3 releases
     (``pytorch_model.bin``, no ids: the default layers of a ``target_layers``-layer target).
     """
-    config_path = directory / CONFIG_FILE
     weights_path = next((directory / f for f in (WEIGHTS_FILE, LEGACY_WEIGHTS_FILE) if (directory / f).is_file()), None)
-    if not config_path.is_file() or weights_path is None:
+    if not (directory / CONFIG_FILE).is_file() or weights_path is None:
         raise FileNotFoundError(f"{directory}: not a drafter directory (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
-    config = json.loads(config_path.read_text())
+    spec = read_spec(directory, target_layers)
     if weights_path.name == WEIGHTS_FILE:
         weights = load_file(str(weights_path))
     else:
         weights = torch.load(weights_path, map_location="cpu", weights_only=True)
     # Some trainers save the target's embedding with the drafter; eyas always takes the target's own.
     weights = {k: v for k, v in weights.items() if k != "embed_tokens.weight"}
+    is_speculators = json.loads((directory / CONFIG_FILE).read_text()).get("architectures") == [SPECULATORS_ARCH]
+    return spec, from_speculators_keys(weights) if is_speculators else weights
+
+
+def read_spec(directory: Path, target_layers: int | None = None) -> DrafterSpec:
+    """The spec of a drafter in any layout :func:`read_drafter` reads, from its ``config.json``
+    alone (what an engine is asked for, such as the draft length, without loading weights)."""
+    config_path = directory / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{directory}: not a drafter directory (needs {CONFIG_FILE} and {WEIGHTS_FILE})")
+    config = json.loads(config_path.read_text())
     try:
         if config.get("architectures") == [SPECULATORS_ARCH]:
             layers = aux_layers_of(config, config_path, target_layers)
-            return _spec_from_keys(config["transformer_layer_config"], config, layers), from_speculators_keys(weights)
+            return _spec_from_keys(config["transformer_layer_config"], config, layers)
         if config.get("architectures") == [SGLANG_ARCH]:
-            return _spec_from_keys(config, config, aux_layers_of(config, config_path, target_layers)), weights
+            return _spec_from_keys(config, config, aux_layers_of(config, config_path, target_layers))
         if config.get("architectures") == [DFLASH_ARCH]:
-            return _dflash_spec(config), weights
+            return _dflash_spec(config)
     except KeyError as e:
         raise ValueError(f"{config_path}: missing key {e.args[0]!r}") from None
     raise ValueError(

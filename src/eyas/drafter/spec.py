@@ -32,6 +32,11 @@ class DrafterSpec:
     """0-based target decoder layers whose outputs feed ``fc``, in concatenation order."""
     hidden_act: str = "silu"
 
+    def draft_length(self, wanted: int) -> int:
+        """Tokens one verification pass drafts when ``wanted`` are asked for: what every engine is
+        asked for. EAGLE-3 runs one drafter step per token, so as many as asked."""
+        return wanted
+
     def llama_config(self):
         """A one-layer LlamaConfig with these sizes (for RoPE and the MLP)."""
         from transformers import LlamaConfig

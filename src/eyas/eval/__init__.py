@@ -29,6 +29,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import platform
 import re
 import time
 from dataclasses import asdict
@@ -169,10 +170,11 @@ def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict
     tokenizer = load_tokenizer(config.target)
     eval_prompts = load_eval_prompts(config, tokenizer)
     stop_ids = stop_token_ids(tokenizer)
+    steps = draft_length(config, drafter_dir)
     if not cfg.in_process:
         from eyas.eval.vllm_engine import run_in_vllm_only
 
-        report = run_in_vllm_only(config, drafter_dir, eval_prompts, stop_ids, paths.eval_dir)
+        report = run_in_vllm_only(config, drafter_dir, eval_prompts, stop_ids, paths.eval_dir, steps)
         return _finish(report, paths, started, quiet, keep=None)
     report, done, dtype, results_path = _eval_in_process(
         config, started, drafter_dir, eval_prompts, stop_ids, paths, quiet
@@ -182,10 +184,21 @@ def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict
         # back, which the caching allocator keeps until asked (and cycles keep until collected).
         gc.collect()
         torch.cuda.empty_cache()
-        _add_vllm(report, config, dtype, drafter_dir, eval_prompts, stop_ids, paths, done)
+        _add_vllm(report, config, dtype, drafter_dir, eval_prompts, stop_ids, paths, done, steps)
     elif cfg.engine == "llamacpp":
-        report["llamacpp"] = _in_llamacpp(config, dtype, drafter_dir, eval_prompts, paths)
+        report["llamacpp"] = _in_llamacpp(config, drafter_dir, eval_prompts, paths, steps)
     return _finish(report, paths, started, quiet, keep=results_path)
+
+
+def draft_length(config: RunConfig, drafter_dir: Path) -> int:
+    """``eval.num_draft_tokens`` as the drafter drafts them in one pass (a DFlash drafter at most
+    its block size − 1, :meth:`~eyas.drafter.spec.DrafterSpec.draft_length`): what llama.cpp and
+    vLLM are asked for, so no engine row is a longer draft in name only."""
+    from eyas.drafter.layout import read_spec
+    from eyas.target import load_model_config, text_config
+
+    layers = text_config(load_model_config(config.target)).num_hidden_layers
+    return read_spec(drafter_dir, layers).draft_length(config.eval.num_draft_tokens)
 
 
 def _require_drafter(config: RunConfig, drafter_dir: Path) -> None:
@@ -203,30 +216,35 @@ def _require_drafter(config: RunConfig, drafter_dir: Path) -> None:
     )
 
 
-def _in_llamacpp(config: RunConfig, dtype: str, drafter_dir: Path, prompts: list[EvalPrompt], paths: RunPaths) -> dict:
-    """The drafter eyas evaluated, in ``llama-server``, on a target GGUF in eyas's ``dtype``: converted
-    by llama.cpp's converter into the eval directory once per drafter content (what ``eyas export
-    --format gguf`` writes for the run's own)."""
-    from eyas.drafter.layout import content_digest, family_of
-    from eyas.eval.llamacpp_engine import configurations, measure
-    from eyas.target.llamacpp import GGUF_TYPES, convert, find_llamacpp, target_ggufs
+def _in_llamacpp(config: RunConfig, drafter_dir: Path, prompts: list[EvalPrompt], paths: RunPaths, steps: int) -> dict:
+    """The drafter eyas evaluated, in ``llama-server``, drafting 1 … ``steps`` tokens: the GGUF files
+    ``eyas export --format gguf`` writes and its README serves — the conversions of
+    :mod:`eyas.target.llamacpp`, cached by content, in the precision the target's checkpoint
+    declares (not the one eyas computes in here: f32 on a CPU)."""
+    from eyas.drafter.layout import dtype_name, family_of, target_dtype
+    from eyas.eval.llamacpp_engine import configurations, measure, server_threads
+    from eyas.target import load_model_config
+    from eyas.target.llamacpp import GGUF_TYPES, draft_gguf, find_llamacpp, target_ggufs
 
     llamacpp = find_llamacpp(config.target.llamacpp)
-    ggufs = target_ggufs(config.target, llamacpp, GGUF_TYPES[dtype])
-    draft = paths.eval_dir / f"draft-{content_digest(drafter_dir)}.gguf"
-    if not draft.is_file():
-        convert(llamacpp, drafter_dir, draft, GGUF_TYPES[dtype], target_dir=ggufs.hf_dir)
-    # Measured once per drafter, target, prompts and settings: a rerun reads the figures back.
+    outtype = GGUF_TYPES[dtype_name(target_dtype(load_model_config(config.target)))]
+    ggufs = target_ggufs(config.target, llamacpp, outtype)
+    draft = draft_gguf(llamacpp, drafter_dir, ggufs)
+    # Measured once per drafter, target, prompts and settings, and only ever read back by the
+    # build, thread count and machine that measured it: timings of another are not these.
     cfg = config.eval
     request = {
-        "draft": file_digest(draft),
+        "draft": draft.name,
         "target": ggufs.same_precision.name,
         "prompts": [_prompt_digest(p) for p in prompts],
-        "settings": [cfg.num_draft_tokens, cfg.max_new_tokens, cfg.llamacpp_repeats, cfg.llamacpp_tie_margin],
+        "settings": [steps, cfg.max_new_tokens, cfg.llamacpp_repeats, cfg.llamacpp_tie_margin],
+        "llama-server": llamacpp.build_identity(),
+        "threads": server_threads(),
+        "host": platform.node(),
     }
     cached = paths.eval_dir / f"llamacpp-{content_hash(request)}.json"
     if not cached.is_file():
-        configs = configurations(draft, cfg.num_draft_tokens, family_of(drafter_dir))
+        configs = configurations(draft, steps, family_of(drafter_dir))
         section = measure(config, llamacpp, ggufs.same_precision, configs, prompts, paths.eval_dir)
         write_json_atomic(cached, {**section, "draft": str(draft)})
     return {**json.loads(cached.read_text()), "result_file": cached.name}
@@ -285,8 +303,7 @@ def _finish(report: dict, paths: RunPaths, started: StageRun, quiet: bool, keep:
     used = {keep.name} if keep else set()
     figures = [report["plain"], *report["methods"].values(), report.get("llamacpp", {})]
     used |= {m["result_file"] for m in figures if "result_file" in m}
-    used |= {Path(report["llamacpp"]["draft"]).name} if "llamacpp" in report else set()
-    for pattern in ("results-*.jsonl", "vllm-*.json", "llamacpp-*.json", "draft-*.gguf"):
+    for pattern in ("results-*.jsonl", "vllm-*.json", "llamacpp-*.json"):
         for cached in paths.eval_dir.glob(pattern):
             if cached.name not in used:
                 cached.unlink()
@@ -306,10 +323,18 @@ def _finish(report: dict, paths: RunPaths, started: StageRun, quiet: bool, keep:
 
 
 def _add_vllm(
-    report: dict, config: RunConfig, dtype: str, drafter_dir: Path, prompts: list[EvalPrompt], stop_ids, paths, done
+    report: dict,
+    config: RunConfig,
+    dtype: str,
+    drafter_dir: Path,
+    prompts: list[EvalPrompt],
+    stop_ids,
+    paths,
+    done,
+    steps: int,
 ) -> None:
-    """Serve the export in vLLM on the same prompts, the target in eyas's ``dtype``; its row and the
-    agreement check join the report."""
+    """Serve the export in vLLM on the same prompts, the target in eyas's ``dtype``, drafting
+    ``steps`` tokens a pass; its row and the agreement check join the report."""
     from eyas.drafter.layout import family_of
     from eyas.eval import vllm_engine
     from eyas.target.settings import SpeculativeDecoding
@@ -317,15 +342,13 @@ def _add_vllm(
 
     cfg = config.eval
     ids = [p.input_ids for p in prompts]
-    decoding = SpeculativeDecoding.from_config(cfg)
+    decoding = SpeculativeDecoding.from_config(cfg, steps)
     family = family_of(drafter_dir)
     result = speculative_decode(config.target, decoding, drafter_dir, ids, stop_ids, dtype, paths.eval_dir, family)
     reference = {p.id: done[(PLAIN, p.id)].tokens for p in prompts} if cfg.temperature == 0 else None
     vllm = vllm_engine.summarize_vllm(result, [p.id for p in prompts], cfg.num_draft_tokens, reference)
     report["methods"][vllm_engine.method_name(family)] = vllm
-    report["engine_check"] = vllm_engine.compare(
-        report["methods"][family], vllm, cfg.num_draft_tokens, greedy=cfg.temperature == 0
-    )
+    report["engine_check"] = vllm_engine.compare(report["methods"][family], vllm, steps, greedy=cfg.temperature == 0)
 
 
 def _prompt_digest(prompt: EvalPrompt) -> str:

@@ -1,12 +1,14 @@
 """``eval.engine: llamacpp``: the drafter served by ``llama-server``, and the decode speed it buys there.
 
 What a CPU user buys is tokens per second in the engine they run, drafter against none. Each
-configuration runs in a ``llama-server`` of its own (speculation is a server setting), all on
-the same target GGUF in the drafter's precision, greedy:
+configuration runs in a ``llama-server`` of its own (speculation is a server setting), greedy,
+all on the target GGUF that ``eyas export --format gguf``'s README serves, in the precision the
+target's checkpoint declares (the drafter's too):
 
 - ``plain``: the target alone — the speed baseline and the lossless reference;
-- ``eagle3, n=k`` (or ``dflash, n=k``) for k = 1 … ``eval.num_draft_tokens``: the GGUF export
-  drafting k tokens (a DFlash drafter at most its block size − 1);
+- ``eagle3, n=k`` (or ``dflash, n=k``) for k = 1 … the drafter's draft length: the GGUF export
+  drafting k tokens (``eval.num_draft_tokens``, which a DFlash drafter caps at its block size − 1:
+  :func:`eyas.eval.draft_length`);
 - ``ngram-mod`` and ``ngram-simple``: llama.cpp's draftless speculation, what a drafter must beat.
 
 Speed is measured side by side: in each of ``eval.llamacpp_repeats`` rounds every prompt goes
@@ -47,7 +49,8 @@ NGRAM_TYPES = ("ngram-mod", "ngram-simple")
 
 
 def configurations(draft: Path, k: int, family: str = "eagle3") -> dict[str, list[str]]:
-    """Name -> the ``llama-server`` arguments that make it; ``family``: ``eagle3`` or ``dflash``."""
+    """Name -> the ``llama-server`` arguments that make it, ``k`` the drafter's draft length;
+    ``family``: ``eagle3`` or ``dflash``."""
     return {PLAIN: [], **{f"{family}, n={n}": drafting(draft, family, n) for n in range(1, k + 1)}, **draftless()}
 
 
@@ -59,6 +62,12 @@ def draftless() -> dict[str, list[str]]:
 def drafting(draft: Path, family: str, n: int) -> list[str]:
     """The ``llama-server`` arguments that serve ``draft`` (an ``eagle3`` or ``dflash`` GGUF) drafting ``n`` tokens."""
     return ["-md", str(draft), "--spec-type", f"draft-{family}", "--spec-draft-n-max", str(n)]
+
+
+def server_threads() -> int:
+    """Threads every ``llama-server`` decodes with: all the cores, as a CPU user's server would (a
+    timing measured with another count is not reused, see :func:`eyas.eval._in_llamacpp`)."""
+    return os.cpu_count() or 1
 
 
 def measure(
@@ -112,7 +121,7 @@ def _start(config: RunConfig, llamacpp: LlamaCpp, target: Path, args: list[str],
     completion of a prompt's first token alone, which teaches the n-gram methods nothing)."""
     context = max(len(p.input_ids) for p in prompts) + config.eval.max_new_tokens + 16
     common = ["-m", str(target), "-c", str(context), "--no-warmup"]
-    server = LlamaServer(llamacpp, common + args, log_path, config.target.engine_timeout_s, os.cpu_count() or 1)
+    server = LlamaServer(llamacpp, common + args, log_path, config.target.engine_timeout_s, server_threads())
     try:
         server.complete(prompts[0].input_ids[:1], 4)
     except BaseException:

@@ -52,7 +52,9 @@ def summarize_vllm(result: dict, prompt_ids: list[str], k: int, reference: dict[
     """vLLM's run in the shape of :func:`eyas.eval.report.summarize`, from vLLM's own counters."""
     counters = result["counters"]
     drafts, accepted = counters.get("num_drafts", 0), counters.get("num_accepted_tokens", 0)
-    per_pos = counters.get("num_accepted_tokens_per_pos", [0] * k)
+    per_pos = counters.get("num_accepted_tokens_per_pos", [])
+    # Positions past the drafter's draft length (a DFlash drafter's block size − 1) accept nothing.
+    per_pos = [*per_pos, *[0] * (k - len(per_pos))]
     summary = {
         **plain_vllm(result, len(prompt_ids)),
         "target_passes": drafts,
@@ -110,13 +112,15 @@ def compare(eyas: dict, vllm: dict, k: int, greedy: bool) -> dict:
     return check
 
 
-def run_in_vllm_only(config: RunConfig, draft_dir: Path, prompts: list, stop_ids: set[int], out_dir: Path) -> dict:
+def run_in_vllm_only(
+    config: RunConfig, draft_dir: Path, prompts: list, stop_ids: set[int], out_dir: Path, steps: int
+) -> dict:
     """The report when only vLLM runs the target (``eval.in_process: false``).
 
-    vLLM decodes every prompt twice, plain and with the drafter, in the dtype the target runs
-    in on its devices. Plain decoding is the speed baseline and, greedy, the lossless reference:
-    the drafter's outputs must equal it prompt by prompt, as they must equal eyas's own greedy
-    decoding in-process.
+    vLLM decodes every prompt twice, plain and with the drafter (drafting ``steps`` tokens a
+    pass), in the dtype the target runs in on its devices. Plain decoding is the speed baseline
+    and, greedy, the lossless reference: the drafter's outputs must equal it prompt by prompt, as
+    they must equal eyas's own greedy decoding in-process.
     """
     from eyas.drafter.layout import family_of
     from eyas.target import dtype_name
@@ -125,7 +129,7 @@ def run_in_vllm_only(config: RunConfig, draft_dir: Path, prompts: list, stop_ids
 
     cfg = config.eval
     ids, prompt_ids = [p.input_ids for p in prompts], [p.id for p in prompts]
-    dtype, decoding = dtype_name(config.target), SpeculativeDecoding.from_config(cfg)
+    dtype, decoding = dtype_name(config.target), SpeculativeDecoding.from_config(cfg, steps)
     family = family_of(draft_dir)
     plain = speculative_decode(config.target, decoding, None, ids, stop_ids, dtype, out_dir)
     drafted = speculative_decode(config.target, decoding, draft_dir, ids, stop_ids, dtype, out_dir, family)

@@ -25,17 +25,14 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
-
-import torch
 
 from eyas.config import ConfigError, RunConfig
+from eyas.drafter.layout import target_dtype
 from eyas.files import replace_dir
 from eyas.paths import RunPaths
 from eyas.stage import StageContract, StageError, begin, target_identity
 
 FORMATS = ("sglang", "vllm", "speculators", "gguf")
-SERVED_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def formats_for(config: RunConfig) -> list[str]:
@@ -59,12 +56,6 @@ CONTRACT = StageContract(
     },
     lambda c, p: [main_file(p, f) for f in formats_for(c)],
 )
-
-
-def target_dtype(model_config: Any) -> torch.dtype:
-    """The dtype the target's checkpoint declares; bfloat16 when it names none or a quantized one."""
-    declared = getattr(model_config, "dtype", None) or getattr(model_config, "torch_dtype", None)
-    return SERVED_DTYPES.get(str(declared).removeprefix("torch."), torch.bfloat16)
 
 
 def run(config: RunConfig, quiet: bool = False) -> list[Path]:
@@ -110,8 +101,7 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     dtype_name = layout.dtype_name(dtype)
-    # A DFlash drafter drafts at most its block size − 1 tokens a pass; engines clamp to that too.
-    steps = min(config.eval.num_draft_tokens, spec.draft_tokens) if dflash else config.eval.num_draft_tokens
+    steps = spec.draft_length(config.eval.num_draft_tokens)
     if format == "speculators":
         architectures = list(getattr(model_config, "architectures", None) or [])
         layout.save_speculators(weights, spec, tmp, verifier, architectures, steps, dtype)

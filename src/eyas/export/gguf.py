@@ -3,12 +3,14 @@
 The drafter is written in the vLLM layout — whose top-level ``eagle_aux_hidden_state_layer_ids``
 are what llama.cpp reads, as the input of each layer (eyas's ``aux_layers + 1``) — and converted
 by llama.cpp's own converter with ``--target-model-dir`` (tokenizer, vocabulary size and layer
-count come from the target). Its precision is the target's: f32 for a float32 target such as the
-embedded one, bf16 or f16 otherwise.
+count come from the target). Its precision is the one the target's checkpoint declares: f32 for
+a float32 target such as the embedded one, bf16 or f16 otherwise.
 
-The target needs a GGUF of its own: the same precision, converted once from its Hugging Face
+The target needs a GGUF of its own: the same precision, converted from its Hugging Face
 directory into ``$EYAS_CACHE/gguf/`` (the equal-precision pair on which greedy outputs must not
-change with the draft), and, for the embedded target, the Q4_1 file it ships as.
+change with the draft), and, for the embedded target, the Q4_1 file it ships as. Both
+conversions are :mod:`eyas.target.llamacpp`'s, cached by content: ``eyas eval --engine llamacpp``
+measures the same drafter file (``draft.gguf`` is a copy of it) and the same target file.
 """
 
 from __future__ import annotations
@@ -26,16 +28,15 @@ def write_gguf(target: TargetConfig, weights: dict, spec, dtype: torch.dtype, tm
     """Write the drafter's GGUF into ``tmp`` (to be renamed to ``out``); returns the README."""
     from eyas.drafter.families import is_dflash
     from eyas.drafter.layout import dtype_name, save_drafter
-    from eyas.target.llamacpp import GGUF_TYPES, convert, find_llamacpp, target_ggufs
+    from eyas.target.llamacpp import GGUF_TYPES, draft_gguf, find_llamacpp, target_ggufs
 
     llamacpp = find_llamacpp(target.llamacpp)
     outtype = GGUF_TYPES[dtype_name(dtype)]
     ggufs = target_ggufs(target, llamacpp, outtype)
     hf = tmp / "hf"
     save_drafter(weights, spec, hf, dtype)
-    convert(llamacpp, hf, tmp / DRAFT_GGUF, outtype, target_dir=ggufs.hf_dir)
+    shutil.copyfile(draft_gguf(llamacpp, hf, ggufs), tmp / DRAFT_GGUF)
     shutil.rmtree(hf)
-    (tmp / (DRAFT_GGUF + ".log")).unlink(missing_ok=True)
     family = "dflash" if is_dflash(spec) else "eagle3"
     return gguf_readme(llamacpp.server, ggufs.same_precision, ggufs.shipped, out / DRAFT_GGUF, outtype, steps, family)
 

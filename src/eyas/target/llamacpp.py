@@ -10,6 +10,13 @@ name another). Two things come from it, both run as child processes, never linke
 - ``llama-server`` on loopback, on a free port, in a process group of its own that dies with
   eyas (:class:`LlamaServer`): greedy completions of token ids, with llama.cpp's own timings
   and speculative-decoding counters.
+
+Converted files are cached in ``$EYAS_CACHE/gguf/`` under a name made of what they were made
+from: the content of the Hugging Face directory (a hub target's commit), the converter's own
+files and the GGUF type (and, for a drafter, its target's). Two targets in folders of the same
+name, a target retrained in place, another precision or another converter each get a file of
+their own; the same drafter converted by ``eyas export --format gguf`` and by ``eyas eval
+--engine llamacpp`` is one file (:func:`target_ggufs`, :func:`draft_gguf`).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eyas.config import ConfigError, TargetConfig
+from eyas.records import content_hash
+from eyas.stage import file_digest
 from eyas.target.children import log_tail, start_child, stop_group
 
 ENV_LLAMACPP = "EYAS_LLAMACPP"
@@ -53,6 +62,28 @@ class LlamaCpp:
     @property
     def converter(self) -> Path:
         return self.tree / "convert_hf_to_gguf.py"
+
+    def converter_identity(self) -> str:
+        """The converter by content: its script and the ``gguf-py`` it runs with (another pin or
+        a patched converter writes other files)."""
+        return _files_digest([self.converter, *sorted((self.tree / "gguf-py").rglob("*.py"))], self.tree)
+
+    def build_identity(self) -> str:
+        """The server by content: ``llama-server`` and the shared libraries built beside it (another
+        pin or other build flags decode at another speed)."""
+        built = self.server.parent
+        libraries = sorted(p for p in built.iterdir() if ".so" in p.name or p.suffix == ".dylib")
+        return _files_digest([self.server, *libraries], built)
+
+
+def _files_digest(files: list[Path], root: Path) -> str:
+    return content_hash({str(p.relative_to(root)): file_digest(p) for p in files if p.is_file()})
+
+
+def source_digest(directory: Path) -> str:
+    """A Hugging Face directory by what the converter reads from it: every top-level file but
+    Markdown (a README changes no tensor), so the same drafter in two export folders is one."""
+    return _files_digest(sorted(p for p in directory.iterdir() if p.suffix != ".md"), directory)
 
 
 def find_llamacpp(configured: str | None) -> LlamaCpp:
@@ -205,29 +236,55 @@ class TargetGgufs:
     hf_dir: Path
     """Its Hugging Face directory (what the converter reads for a drafter's tokenizer and sizes)."""
     same_precision: Path
-    """Converted from ``hf_dir`` in the drafter's precision, once, into ``$EYAS_CACHE/gguf/``."""
+    """Converted from ``hf_dir`` in the drafter's precision, once per content, into ``$EYAS_CACHE/gguf/``."""
+    outtype: str
+    """That precision, as the converter's ``--outtype`` names it: its drafter is converted to it too."""
     shipped: Path | None
     """The GGUF file the target ships as, when it ships as one (the embedded Q4_1)."""
 
 
 def target_ggufs(target: TargetConfig, llamacpp: LlamaCpp, outtype: str) -> TargetGgufs:
+    """The target converted to ``outtype``, keyed by its content: a local directory's files (read
+    on every call: a target retrained in place is converted again), a hub target's commit."""
     from eyas.config import EMBEDDED_TARGET
     from eyas.target import cache_root, embedded_gguf, resolve_target
 
     source = resolve_target(target)
     if source.is_local:
         hf_dir = Path(source.name_or_path)
-        name = hf_dir.name
+        name, content = hf_dir.name, source_digest(hf_dir)
     else:
         from huggingface_hub import snapshot_download
 
         hf_dir = Path(snapshot_download(source.name_or_path, revision=source.revision))
-        name = f"{source.name_or_path.replace('/', '--')}-{hf_dir.name[:12]}"
-    converted = cache_root() / "gguf" / f"{name}-{outtype}.gguf"
+        # A snapshot's folder is its commit, which fixes every file in it.
+        name, content = source.name_or_path.replace("/", "--"), f"{source.name_or_path}@{hf_dir.name}"
+    key = content_hash({"target": content, "converter": llamacpp.converter_identity(), "outtype": outtype})
+    converted = cache_root() / "gguf" / f"{name}-{key[:16]}-{outtype}.gguf"
     if not converted.is_file():
         convert(llamacpp, hf_dir, converted, outtype)
     if target.model == EMBEDDED_TARGET:
         shipped = embedded_gguf()
     else:
         shipped = Path(target.model).expanduser() if target.model.endswith(".gguf") else None
-    return TargetGgufs(hf_dir, converted, shipped)
+    return TargetGgufs(hf_dir, converted, outtype, shipped)
+
+
+def draft_gguf(llamacpp: LlamaCpp, drafter_dir: Path, target: TargetGgufs) -> Path:
+    """The drafter in ``drafter_dir`` (a Hugging Face layout) converted beside ``target``, in its
+    precision, into ``$EYAS_CACHE/gguf/``: keyed by the drafter's content, the target file (the
+    converter reads the target's tokenizer and sizes) and the converter, so ``eyas export --format
+    gguf`` and ``eyas eval --engine llamacpp`` of one drafter serve one file."""
+    from eyas.target import cache_root
+
+    key = content_hash(
+        {
+            "draft": source_digest(drafter_dir),
+            "target": target.same_precision.name,
+            "converter": llamacpp.converter_identity(),
+        }
+    )
+    converted = cache_root() / "gguf" / f"draft-{key[:16]}-{target.outtype}.gguf"
+    if not converted.is_file():
+        convert(llamacpp, drafter_dir, converted, target.outtype, target_dir=target.hf_dir)
+    return converted

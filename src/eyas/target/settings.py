@@ -96,11 +96,14 @@ class SpeculativeDecoding:
     """How vLLM decodes the eval prompts, with or without the drafter (``eval``)."""
 
     num_draft_tokens: int
+    """Asked of vLLM (``num_speculative_tokens``): what the drafter drafts in one pass."""
     max_new_tokens: int
     temperature: float
     seed: int
     tensor_parallel_size: int = 1
 
     @classmethod
-    def from_config(cls, e: EvalConfig) -> SpeculativeDecoding:
-        return cls(e.num_draft_tokens, e.max_new_tokens, e.temperature, e.seed, e.tensor_parallel_size)
+    def from_config(cls, e: EvalConfig, draft_length: int) -> SpeculativeDecoding:
+        """``eval``'s settings with the drafter's ``draft_length`` (``eval.num_draft_tokens`` as the
+        drafter drafts them, :func:`eyas.eval.draft_length`)."""
+        return cls(draft_length, e.max_new_tokens, e.temperature, e.seed, e.tensor_parallel_size)

@@ -3,8 +3,10 @@
 Training's own held-out figures (:mod:`eyas.train.evaluate`) feed the true tokens at every
 TTT step; what a server gets is τ over the drafter's own drafts. Every ``train.eval_every``
 steps and at the end, the drafter as it stands decodes the first ``train.tau_prompts`` prompts
-of the merge's eval split with the target, greedy, in the speculative loop eval uses, at the
-serving draft length (``eval.num_draft_tokens``), ``train.tau_new_tokens`` tokens each.
+of the merge's eval split with the target, greedy, in the speculative loop eval uses, asking for
+``train.tau_draft_tokens`` draft tokens a pass (the length you will serve; a DFlash drafter
+drafts at most its block size − 1 of them, :meth:`~eyas.drafter.spec.DrafterSpec.draft_length`),
+``train.tau_new_tokens`` tokens each.
 
 A run that overfits scores worse late than early, and the last step is not the one to serve:
 the drafter with the highest τ so far is kept in ``train/best/`` (written only when it is
