@@ -230,5 +230,6 @@ def test_a_llamacpp_timing_is_reused_only_by_the_build_threads_and_machine_that_
     assert len(measured) == 3, "another thread count"
     # What a build's identity covers is tested with the converter's (tests/target/test_llamacpp_cache.py).
     monkeypatch.setattr(LlamaCpp, "build_identity", lambda self: "another build")
-    stage.run(config, quiet=True)
+    section = stage.run(config, quiet=True)["llamacpp"]
     assert len(measured) == 4, "another llama-server build"
+    assert section["measured_by"] == {"llama-server": "another build", "threads": 64, "host": "another-host"}

@@ -231,22 +231,22 @@ def _in_llamacpp(config: RunConfig, drafter_dir: Path, prompts: list[EvalPrompt]
     ggufs = target_ggufs(config.target, llamacpp, outtype)
     draft = draft_gguf(llamacpp, drafter_dir, ggufs)
     # Measured once per drafter, target, prompts and settings, and only ever read back by the
-    # build, thread count and machine that measured it: timings of another are not these.
+    # build, thread count and machine that measured it (the section says which): timings of
+    # another are not these.
     cfg = config.eval
+    measured_by = {"llama-server": llamacpp.build_identity(), "threads": server_threads(), "host": platform.node()}
     request = {
         "draft": draft.name,
         "target": ggufs.same_precision.name,
         "prompts": [_prompt_digest(p) for p in prompts],
         "settings": [steps, cfg.max_new_tokens, cfg.llamacpp_repeats, cfg.llamacpp_tie_margin],
-        "llama-server": llamacpp.build_identity(),
-        "threads": server_threads(),
-        "host": platform.node(),
+        "measured_by": measured_by,
     }
     cached = paths.eval_dir / f"llamacpp-{content_hash(request)}.json"
     if not cached.is_file():
         configs = configurations(draft, steps, family_of(drafter_dir))
         section = measure(config, llamacpp, ggufs.same_precision, configs, prompts, paths.eval_dir)
-        write_json_atomic(cached, {**section, "draft": str(draft)})
+        write_json_atomic(cached, {**section, "draft": str(draft), "measured_by": measured_by})
     return {**json.loads(cached.read_text()), "result_file": cached.name}
 
 
