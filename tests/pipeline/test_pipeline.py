@@ -112,14 +112,16 @@ def test_full_run_then_skip_then_refuse_stale(config_path, finished):
     with pytest.raises(StageError, match=r"stage merge is stale \(merge.seed: 0 → 1\).*--from merge"):
         pipeline.run(reseeded, quiet=True, first="train")
 
-    # Another tokenizer: `eyas tokenize` would redo the ids, so `eyas run` must not skip it either.
+    # Another tokenizer: `eyas tokenize` would redo the ids, so `eyas run` must not skip it either;
+    # the local backend encoded its prompts with it too, so the answers are named first.
     from eyas.target import resolve_target
 
-    other = config.model_copy(
-        update={"target": config.target.model_copy(update={"tokenizer": resolve_target(config.target).name_or_path})}
-    )
+    tokenizer = resolve_target(config.target).name_or_path
+    other = config.model_copy(update={"target": config.target.model_copy(update={"tokenizer": tokenizer})})
     states = pipeline.statuses(other)
-    assert states["tokenize"].status == "stale" and states["merge"].changes == ["tokenize before it is stale"]
+    (change,) = states["generate"].changes
+    assert change.startswith('target.tokenizer: (default) → "')
+    assert states["tokenize"].status == "stale" and states["merge"].changes == ["generate before it is stale"]
 
 
 @pytest.mark.slow
