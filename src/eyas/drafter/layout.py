@@ -183,7 +183,7 @@ def save_speculators(
 
 
 def read_drafter(directory: Path, target_layers: int | None = None) -> tuple[DrafterSpec, dict[str, torch.Tensor]]:
-    """The spec and weights (SGLang key names, output-layer ``aux_layers``) of an EAGLE-3 drafter.
+    """The spec and weights (SGLang key names, output-layer ``aux_layers``) of a drafter, EAGLE-3 or DFlash.
 
     Reads eyas's own layouts and foreign ones: SpecForge/SGLang-style (``eagle_config`` ids),
     vLLM-style (top-level ids only), speculators, and the original EAGLE-3 releases

@@ -6,8 +6,9 @@ Produces ``<run_dir>/eval/report.json`` (config, τ, per-position acceptance, τ
 speed with and without speculation, lossless check), ``acceptance.png`` and a printed table.
 
 Methods, all with the same ``eval.num_draft_tokens``: plain decoding (reference output and
-speed), prompt lookup (the baseline to beat), the EAGLE-3 drafter, and the same drafter fed
-its aux states in the wrong order (a control that must collapse toward τ = 1).
+speed), prompt lookup (the baseline to beat), the drafter (EAGLE-3 or DFlash), and, for
+EAGLE-3, the same drafter fed its aux states in the wrong order (a control that must collapse
+toward τ = 1).
 
 With ``eval.engine: vllm`` (or ``--engine vllm``) the export is also served by vLLM itself, once
 eyas has released the target, and its own counters stand beside eyas's figures, checked for

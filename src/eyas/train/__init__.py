@@ -1,4 +1,5 @@
-"""Stage 6 — train: the EAGLE-3 drafter, by training-time test, on the target's own outputs.
+"""Stage 6 — train: the drafter (EAGLE-3 by training-time test, DFlash by anchored blocks), on the
+target's own outputs.
 
 Consumes the merged corpus (``<run_dir>/merge/{train,eval}-*.parquet``) and either the target
 itself (``extract.mode: online``: hidden states computed per batch, never stored) or its
@@ -10,8 +11,8 @@ per-step top-1 accuracy, simulated acceptance length, lr, tokens/s; per evaluati
 eval split: the same, and τ measured by speculative decoding on held-out prompts), ``best/``
 (the drafter with the best measured τ so far, :mod:`eyas.train.tau`), ``training.png`` (loss,
 accuracy and τ against steps) and ``final/`` — the drafter with the best measured τ (the last
-step's when τ is not measured) in the SGLang/vLLM layout, loadable with
-:meth:`eyas.drafter.model.Eagle3Drafter.load`.
+step's when τ is not measured) in its family's SGLang/vLLM layout, loadable with
+:func:`eyas.drafter.families.load_drafter`.
 
 Guarantees: an interrupted run continues from its newest checkpoint exactly as if it had
 never stopped (weights, optimizer, scheduler, RNG and data position); the same command
