@@ -336,10 +336,22 @@ class DFlashConfig(Section):
     """DFlash's own AdamW peak learning rate, for a run that trains both families; default `train.lr`. On the demo corpus DFlash trains at 2e-3 where EAGLE-3 trains at 6e-4 (at 6e-4 it had not left its first plateau by step 114)."""
 
 
+class Eagle3Config(Section):
+    """EAGLE-3's optional normalisations; both on is EAGLE-3.1 as speculators (PR 610), SpecForge and
+    NeMo train it. Both off (the default) is EAGLE-3 as published."""
+
+    norm_before_fc: bool = False
+    """RMSNorm over the concatenated aux states before `fc` (weight `input_norm.weight`): the target's layers differ in scale by orders of magnitude, and the norm lets each feed `fc` alike. vLLM and llama.cpp read it."""
+    norm_output: bool = False
+    """Feed the layer's post-norm state, not its pre-norm one, to the next drafting step (and to `lm_head` without a second norm), so the state's magnitude does not drift across steps. vLLM reads it; the pinned llama.cpp does not (it feeds the pre-norm state back), so a GGUF export of such a drafter is refused."""
+
+
 class TrainConfig(Section):
     drafter: DrafterFamily | list[DrafterFamily] = "eagle3"
     """Drafter family: `eagle3` (one layer, chain drafting with training-time test) or `dflash` (a block of drafts per pass, see `train.dflash`). DFlash reads the layers `extract.aux_layers` names (any number) as its context features, so both families train from the same extracted states. A list (`[eagle3, dflash]`) trains, exports and evaluates each from the one corpus and extraction, in `<run_dir>/<family>/`, and eval ends by saying which decodes faster (`<run_dir>/families.json`)."""
     dflash: DFlashConfig = DFlashConfig()
+    eagle3: Eagle3Config = Eagle3Config()
+    """EAGLE-3's own options (`{norm_before_fc: true, norm_output: true}` trains EAGLE-3.1)."""
     ttt_steps: int = Field(default=7, ge=1)
     """Training-time-test unroll depth."""
     draft_vocab_size: int | None = Field(default=None, ge=1)

@@ -24,7 +24,7 @@ OVERFIT_NEW = 16
 
 
 def overfit_drafter(
-    model, sequences: list[list[int]], steps: int = 40, ttt_steps: int = 3, seed: int = 0
+    model, sequences: list[list[int]], steps: int = 40, ttt_steps: int = 3, seed: int = 0, eagle3: dict | None = None
 ) -> Eagle3Drafter:
     torch.manual_seed(seed)
     aux_layers = default_aux_layers(num_decoder_layers(model))
@@ -37,7 +37,7 @@ def overfit_drafter(
         target_next = model.lm_head(captured.final).argmax(-1)  # [B, T]: greedy token after each position
     used = torch.unique(torch.cat([ids.flatten(), target_next.flatten()]))
     vocab = len(used)
-    spec = spec_for_target(model.config, TrainConfig(intermediate_size=512), aux_layers, vocab)
+    spec = spec_for_target(model.config, TrainConfig(intermediate_size=512, eagle3=eagle3 or {}), aux_layers, vocab)
     drafter = Eagle3Drafter(spec, model.get_input_embeddings().weight)
     t2d = torch.zeros(spec.vocab_size, dtype=torch.bool)
     t2d[used] = True

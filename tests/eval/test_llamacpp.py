@@ -102,6 +102,35 @@ def test_a_dflash_export_serves_in_llamacpp_losslessly_and_accepts_what_eyas_mea
     assert -0.02 <= difference <= 0.02 + 3 * len(TEXTS) / report["methods"]["dflash"]["target_passes"], difference
 
 
+def test_eagle3_1_with_norm_before_fc_serves_in_llamacpp_and_norm_output_is_refused(model, overfit, tmp_path):
+    """EAGLE-3.1's norm before ``fc`` is read by llama.cpp: served losslessly, accepted as in eyas's
+    own decoder. Its post-norm feedback is not (the pinned graph feeds the pre-norm state back), so
+    a drafter trained with it gets no GGUF export and no llama.cpp eval, and the error says why."""
+    import eyas.export
+    from eyas import eval as stage
+    from eyas.config import ConfigError
+
+    prompts, greedy, _, _ = overfit
+    sequences = [p + g for p, g in zip(prompts, greedy)]
+    normed = overfit_drafter(model, sequences, eagle3={"norm_before_fc": True})
+    config = engine_eval_config(tmp_path / "fc", normed, "engine: llamacpp, llamacpp_repeats: 1")
+    report = stage.run(load_config(config), quiet=True)
+    section, own = report["llamacpp"], report["methods"]["eagle3"]
+    for name, m in section["methods"].items():
+        assert m["lossless"] == {"checked": 3, "identical": 3, "float_ties": [], "mismatched": []}, name
+    assert own["tau"] > 1.5, "the overfit drafter is accepted in eyas's own decoder"
+    difference = section["methods"]["eagle3, n=3"]["tau"] - own["tau"]
+    assert -0.02 <= difference <= 0.02 + 3 * len(TEXTS) / own["target_passes"], difference
+
+    fed_back = overfit_drafter(model, sequences, steps=2, eagle3={"norm_before_fc": True, "norm_output": True})
+    fed_back.save(tmp_path / "run" / "train" / "final")
+    with pytest.raises(ConfigError, match=r"does not read norm_output .*train.eagle3.norm_output"):
+        eyas.export.export_one(load_tiny(tmp_path / "run"), "gguf")
+    config = engine_eval_config(tmp_path / "out", fed_back, "engine: llamacpp")
+    with pytest.raises(ConfigError, match="does not read norm_output"):
+        stage.run(load_config(config), quiet=True)
+
+
 def test_plain_decoding_reports_its_top_two_tokens_for_the_tie_check(llamacpp, tokenizer, tmp_path):
     """The lossless check reads llama.cpp's top two log-probabilities at every decoded token; greedy,
     the first of them is the token decoded, and the second is no more likely."""

@@ -1,4 +1,5 @@
-"""The incremental DraftSession reproduces the training unroll exactly (the shifting rules)."""
+"""The incremental DraftSession reproduces the training unroll exactly (the shifting rules), for
+EAGLE-3 and for EAGLE-3.1 (norm before ``fc``, post-norm state fed back)."""
 
 from __future__ import annotations
 
@@ -22,9 +23,12 @@ def sequence(tokenizer, model):
     return ids, capture(model, ids).aux
 
 
-@pytest.fixture(scope="module")
-def drafter(model):
-    return small_drafter(model)
+EAGLE3_1 = {"norm_before_fc": True, "norm_output": True}
+
+
+@pytest.fixture(scope="module", params=["eagle3", "eagle3.1"])
+def drafter(model, request):
+    return small_drafter(model, eagle3=EAGLE3_1 if request.param == "eagle3.1" else {})
 
 
 def training_probs(drafter, aux, ids, row):

@@ -51,6 +51,19 @@ def test_tau_settings_count_where_tau_picks_the_drafter(tmp_path):
     assert status(tmp_path, tau_prompts=4, tau_new_tokens=8).changes == ["train.tau_new_tokens: 16 → 8"]
 
 
+def test_eagle3_1_options_retrain_eagle3_only_and_leave_eagle3_drafters_current(tmp_path):
+    """EAGLE-3 as published keeps the fingerprint it had before ``train.eagle3`` existed; setting an
+    EAGLE-3.1 option is named as written, and a DFlash drafter does not read them."""
+    finished(tmp_path / "eagle3")
+    assert status(tmp_path / "eagle3", eagle3={"norm_before_fc": False}).status == "current"
+    assert status(tmp_path / "eagle3", eagle3={"norm_before_fc": True}).changes == [
+        "train.eagle3.norm_before_fc: (default) → true",
+        "train.eagle3.norm_output: (default) → false",
+    ]
+    finished(tmp_path / "dflash", drafter="dflash")
+    assert status(tmp_path / "dflash", drafter="dflash", eagle3={"norm_output": True}).status == "current"
+
+
 def test_a_continued_drafter_is_adopted_when_the_run_gains_a_family(tmp_path):
     """A continued drafter's marker holds ``train.continued``, which no config sets: the check
     that moves the drafter to ``<run_dir>/eagle3/`` compares it as ``eyas status`` does, so the

@@ -97,7 +97,23 @@ def sglang_config(spec: DrafterSpec, dtype: torch.dtype = CHECKPOINT_DTYPE) -> d
         "target_hidden_size": spec.target_hidden_size,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(spec.aux_layers), "use_aux_hidden_state": True},
         "eagle_aux_hidden_state_layer_ids": hf_hidden_state_indices(list(spec.aux_layers)),
+        **eagle3_1_keys(spec),
     }
+
+
+EAGLE3_1_KEYS = ("norm_before_fc", "norm_output")
+
+
+def eagle3_1_keys(spec: DrafterSpec) -> dict[str, bool]:
+    """EAGLE-3.1's top-level keys, where vLLM and llama.cpp's converter read them; written only
+    when set, so an EAGLE-3 drafter's config is what it always was."""
+    return {key: True for key in EAGLE3_1_KEYS if getattr(spec, key)}
+
+
+def options_set(directory: Path) -> list[str]:
+    """The EAGLE-3.1 keys a drafter directory's ``config.json`` sets (any layout)."""
+    config = json.loads((directory / CONFIG_FILE).read_text())
+    return [key for key in EAGLE3_1_KEYS if config.get(key)]
 
 
 def speculators_config(
@@ -112,6 +128,7 @@ def speculators_config(
         "norm_before_residual": False,
         "target_hidden_size": spec.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": hf_hidden_state_indices(list(spec.aux_layers)),
+        **eagle3_1_keys(spec),
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": steps}],
@@ -279,6 +296,8 @@ def _spec_from_keys(llama: dict[str, Any], top: dict[str, Any], aux_layers: list
         target_hidden_size=top.get("target_hidden_size") or llama["hidden_size"],
         aux_layers=tuple(aux_layers),
         hidden_act=llama.get("hidden_act", "silu"),
+        norm_before_fc=bool(top.get("norm_before_fc", False)),
+        norm_output=bool(top.get("norm_output", False)),
     )
 
 

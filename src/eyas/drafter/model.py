@@ -3,14 +3,16 @@
 Shape (names are the exported weight names):
 
 - ``embed_tokens``: the target's token embedding, frozen, never saved;
-- ``fc``: Linear(3·H_target → H) over the three concatenated aux hidden states;
+- ``input_norm`` (EAGLE-3.1, ``norm_before_fc``): RMSNorm(3·H_target) over the concatenated aux
+  hidden states, then ``fc``: Linear(3·H_target → H);
 - ``midlayer``: one Llama decoder layer whose attention input is
   ``cat(input_layernorm(embedding), hidden_norm(hidden))`` (width 2H) and whose residual is
   the hidden stream, then the usual gated MLP;
 - ``norm`` and ``lm_head`` over the draft vocabulary; buffers ``d2t`` (draft id + d2t =
   target id) and ``t2d`` (which target ids the draft vocabulary holds).
 
-The layer's output *before* ``norm`` is the hidden state fed back at the next drafting step.
+The layer's output *before* ``norm`` is the hidden state fed back at the next drafting step;
+with ``norm_output`` (EAGLE-3.1) the output *after* it, which ``lm_head`` then reads directly.
 Two callers drive the layer: :meth:`Eagle3Drafter.unroll` (training-time test over whole
 sequences) and :class:`eyas.drafter.session.DraftSession` (incremental, as servers run it); both
 go through :meth:`Midlayer.project` and :meth:`Midlayer.finish`, so they cannot drift apart.
@@ -140,6 +142,8 @@ class Eagle3Drafter(DrafterWeights, nn.Module):
         self.embed_tokens.requires_grad_(False)
         if embedding is not None:
             self.set_embedding(embedding)
+        if spec.norm_before_fc:
+            self.input_norm = LlamaRMSNorm(3 * spec.target_hidden_size, eps=spec.rms_norm_eps)
         self.fc = nn.Linear(3 * spec.target_hidden_size, spec.hidden_size, bias=False)
         self.midlayer = Midlayer(spec)
         self.norm = LlamaRMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
@@ -165,9 +169,18 @@ class Eagle3Drafter(DrafterWeights, nn.Module):
         """cos/sin for ``positions`` [B,T] (the target's RoPE settings)."""
         return self.rotary(like, positions)
 
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """The hidden state of step 0 from the concatenated aux states [.., 3·H_target]."""
+        aux = aux.to(self.fc.weight.dtype)
+        return self.fc(self.input_norm(aux) if self.spec.norm_before_fc else aux)
+
+    def fed_back(self, layer_output: torch.Tensor) -> torch.Tensor:
+        """The state the next step reads (and :meth:`logits` takes) from the layer's output."""
+        return self.norm(layer_output) if self.spec.norm_output else layer_output
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits from a pre-norm hidden state."""
-        return self.lm_head(self.norm(hidden))
+        """Draft-vocabulary logits from a fed-back state (:meth:`fed_back`)."""
+        return self.lm_head(hidden if self.spec.norm_output else self.norm(hidden))
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
@@ -181,7 +194,7 @@ class Eagle3Drafter(DrafterWeights, nn.Module):
         (their positions carry no loss).
         """
         b, t = input_ids.shape
-        hidden = self.fc(aux.to(self.fc.weight.dtype))
+        hidden = self.fuse(aux)
         positions = torch.arange(t, device=input_ids.device).expand(b, t)
         padded = F.pad(input_ids, (0, steps))
         k0 = v0 = None
@@ -194,7 +207,7 @@ class Eagle3Drafter(DrafterWeights, nn.Module):
                 k0, v0 = k, v
             else:
                 extra.append((k, v))
-            hidden = self.midlayer.finish(hidden, ttt_attention(q, k0, v0, extra))
+            hidden = self.fed_back(self.midlayer.finish(hidden, ttt_attention(q, k0, v0, extra)))
             yield self.logits(hidden)
 
     def forward(self, aux: torch.Tensor, input_ids: torch.Tensor, steps: int) -> list[torch.Tensor]:

@@ -28,7 +28,8 @@ class DraftSession:
         self._keys: Tensor | None = None
         self._values: Tensor | None = None
         self._hidden: Tensor | None = None
-        """[1,1,H] pre-norm output at the last verified position: feeds the first proposal."""
+        """[1,1,H] state fed back from the last verified position (:meth:`Eagle3Drafter.fed_back`):
+        feeds the first proposal."""
 
     def _attend(self, embeds: Tensor, hidden: Tensor, start: int, keys: Tensor | None, values: Tensor | None):
         """Run the layer for new rows at positions start.. given earlier keys/values (all visible)."""
@@ -43,7 +44,7 @@ class DraftSession:
         mask = torch.ones(n, past + n, dtype=torch.bool, device=q.device).tril(diagonal=past)
         heads = q.shape[1]
         attended = F.scaled_dot_product_attention(q, expand_kv(all_k, heads), expand_kv(all_v, heads), attn_mask=mask)
-        return layer.finish(hidden, attended), all_k, all_v
+        return self.drafter.fed_back(layer.finish(hidden, attended)), all_k, all_v
 
     @torch.no_grad()
     def append(self, aux: Tensor, next_tokens: Tensor) -> None:
@@ -56,7 +57,7 @@ class DraftSession:
         if aux.shape[0] == 0:
             return
         d = self.drafter
-        hidden = d.fc(aux.to(device=d.fc.weight.device, dtype=d.fc.weight.dtype))[None]
+        hidden = d.fuse(aux.to(d.fc.weight.device))[None]
         embeds = d.embed_tokens(next_tokens.to(d.fc.weight.device)[None]).to(hidden.dtype)
         out, self._keys, self._values = self._attend(embeds, hidden, self.length, self._keys, self._values)
         self.length += aux.shape[0]

@@ -31,6 +31,10 @@ class DrafterSpec:
     aux_layers: tuple[int, ...]
     """0-based target decoder layers whose outputs feed ``fc``, in concatenation order."""
     hidden_act: str = "silu"
+    norm_before_fc: bool = False
+    """EAGLE-3.1: RMSNorm over the concatenated aux states before ``fc`` (``train.eagle3``)."""
+    norm_output: bool = False
+    """EAGLE-3.1: the post-norm state is fed back and read by ``lm_head`` (``train.eagle3``)."""
 
     def draft_length(self, wanted: int) -> int:
         """Tokens one verification pass drafts when ``wanted`` are asked for: what every engine is
@@ -98,4 +102,5 @@ def spec_for_target(target_config, train: TrainConfig, aux_layers: list[int], dr
         max_position_embeddings=text.max_position_embeddings,
         target_hidden_size=target_hidden,
         aux_layers=tuple(aux_layers),
+        **(train.eagle3.model_dump() if train.drafter == "eagle3" else {}),
     )

@@ -162,10 +162,10 @@ def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict
     drafter_dir = draft_dir(config)
     _require_drafter(config, drafter_dir)
     if cfg.engine == "llamacpp":
-        from eyas.drafter.layout import family_of
+        from eyas.drafter.layout import family_of, options_set
         from eyas.target.llamacpp_support import require_served
 
-        require_served(config.target, family_of(drafter_dir))
+        require_served(config.target, family_of(drafter_dir), options_set(drafter_dir))
     started = begin(config, CONTRACT, paths)
     paths.marker("eval").unlink(missing_ok=True)
     tokenizer = load_tokenizer(config.target)

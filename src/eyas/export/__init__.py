@@ -111,7 +111,7 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
         from eyas.target.llamacpp_support import require_served
 
         # Refused here rather than a README whose command aborts the server on its first request.
-        require_served(config.target, "dflash" if dflash else "eagle3")
+        require_served(config.target, "dflash" if dflash else "eagle3", list(layout.eagle3_1_keys(spec)))
         readme = write_gguf(config.target, weights, spec, dtype, tmp, out.resolve(), steps)
     else:
         layout.save_drafter(weights, spec, tmp, dtype)

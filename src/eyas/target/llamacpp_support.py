@@ -83,15 +83,31 @@ def serving_support(tree: Path, hf_config: dict, family: str) -> Support:
     )
 
 
-def require_served(target, family: str) -> Support:
+def unread_options(tree: Path, options: list[str]) -> list[str]:
+    """The drafter ``config.json`` keys among ``options`` that llama.cpp's converter never reads
+    (no ``"key"`` in ``conversion/*.py`` or ``convert_hf_to_gguf.py``): a GGUF made from such a
+    drafter would run the graph without them, on states the drafter was not trained on."""
+    sources = [tree / "convert_hf_to_gguf.py", *sorted((tree / "conversion").glob("*.py"))]
+    text = "".join(p.read_text(errors="replace") for p in sources if p.is_file())
+    return [key for key in options if f'"{key}"' not in text]
+
+
+def require_served(target, family: str, options: list[str] = ()) -> Support:
     """The verdict for a run's target (a ``TargetConfig``) in the llama.cpp eyas runs; raises
-    ConfigError saying why when that llama.cpp cannot serve the drafter, and logs a warning when
-    its source cannot tell."""
+    ConfigError saying why when that llama.cpp cannot serve the drafter, or does not read one of
+    its ``options`` (EAGLE-3.1's ``norm_output``), and logs a warning when its source cannot tell."""
     from eyas.config import ConfigError
     from eyas.target import load_model_config
     from eyas.target.llamacpp import find_llamacpp
 
     llamacpp = find_llamacpp(target.llamacpp)
+    unread = unread_options(llamacpp.tree, list(options))
+    if unread:
+        raise ConfigError(
+            f"llama.cpp ({llamacpp.tree}) does not read {', '.join(unread)} from a drafter's config, and this "
+            f"drafter was trained with it (train.eagle3.{unread[0]}): its graph would draft from other states. "
+            "Serve it in vLLM (`eyas export CONFIG --format vllm`), or train without it"
+        )
     support = serving_support(llamacpp.tree, load_model_config(target).to_dict(), family)
     if support.serves is False:
         raise ConfigError(

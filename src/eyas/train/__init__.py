@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eyas.config import RunConfig
+from eyas.config import Eagle3Config, RunConfig
 from eyas.stage import StageContract, flat
 from eyas.target import resolved_here
 
@@ -38,7 +38,7 @@ weights it ends with: checkpoints and evaluations draw no random numbers, DDP an
 the gradient of one process on the global batch, and cached states are the states computed.
 (The evaluation keys do choose the final drafter when it is the one with the best τ: see
 :func:`fingerprint`.)"""
-EAGLE3_KEYS = {"ttt_steps", "step_weight", "draft_vocab_size"}
+EAGLE3_KEYS = {"ttt_steps", "step_weight", "draft_vocab_size", "eagle3"}
 """``train.*`` keys only EAGLE-3 reads: out of a DFlash drafter's fingerprint, so tuning EAGLE-3 in
 a run of both families never retrains DFlash."""
 FAMILY_KEYS = {"drafter", "dflash"}
@@ -81,6 +81,8 @@ def fingerprint(config: RunConfig) -> dict:
     left_out = SPEED_KEYS | TAU_KEYS | (EAGLE3_KEYS if cfg.drafter == "dflash" else FAMILY_KEYS)
     if cfg.drafter == "dflash" and cfg.dflash.lr is not None:
         left_out |= {"lr"}
+    if cfg.eagle3 == Eagle3Config():  # EAGLE-3 as published: its drafters keep the fingerprint they had
+        left_out |= {"eagle3"}
     keys = {**flat("train", cfg.model_dump(mode="json", exclude=left_out)), "extract.mode": config.extract.mode}
     if cfg.init_from:
         from eyas.drafter.layout import content_digest
