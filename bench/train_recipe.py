@@ -66,6 +66,8 @@ VARIANTS: dict[str, dict] = {
     "intermediate_size: 384": {"intermediate_size": 384},
     "steps ×2": {"steps_factor": 2.0},
     "aux_layers: 1, 14, 28": {"aux_layers": [1, 14, 28]},
+    "EAGLE-3.1": {"eagle3": {"norm_before_fc": True, "norm_output": True}},
+    "norm_before_fc alone": {"eagle3": {"norm_before_fc": True}},
 }
 """Row name → changes to the config's train section (``*_factor``: relative to its value;
 ``aux_layers``: to ``extract.aux_layers`` instead, here the embedded target's last capturable
