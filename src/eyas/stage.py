@@ -199,8 +199,8 @@ class StageState:
 def _resolved_otherwise(marker: dict, here: dict) -> list[str]:
     ran = marker.get("run", {}).get("resolved", {})
     return [
-        f"made where {key}: auto meant {ran[key]}, here it would mean {value}: set {key}: {ran[key]} to compute as it "
-        f"did, or run it on a machine like the one that made it"
+        f"made where {key}: auto meant {ran[key]}, here it would mean {value}: `eyas run` here leaves it as it "
+        "is; to redo it, run on a machine like the one that made it"
         for key, value in here.items()
         if key in ran and ran[key] != value
     ]
