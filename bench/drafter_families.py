@@ -25,6 +25,7 @@ from train_recipe import link_stages, train_variant, variant_dir
 
 from eyas import eval as evaluation
 from eyas.config import load_config
+from eyas.eval.llamacpp_engine import is_drafted
 from eyas.paths import RunPaths
 
 ROWS: dict[str, dict] = {
@@ -81,7 +82,7 @@ def main() -> None:
             f"{'yes' if lossless else 'NO'} |",
             flush=True,
         )
-    ngram = {n: m for n, m in served.items() if not n.startswith(("eagle3", "dflash"))}
+    ngram = {n: m for n, m in served.items() if not is_drafted(n)}
     print(
         "\nllama.cpp's own speculation in the last row's run: "
         + ", ".join(f"{n} {m['speedup']:.2f}×" for n, m in ngram.items())

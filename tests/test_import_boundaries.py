@@ -86,7 +86,7 @@ def test_the_check_sees_a_forbidden_import(tmp_path, monkeypatch):
         (fake / package).mkdir(parents=True)
     (fake / "eval" / "bad.py").write_text("def f():\n    from eyas.train.loop import train\n")
     (fake / "eval" / "good.py").write_text(
-        "from eyas.merge.reader import iter_split\nfrom eyas.drafter.model import Eagle3Drafter\n"
+        "from eyas.merge.reader import iter_split\nfrom eyas.drafter.families import load_drafter\n"
     )
     (fake / "target" / "bad.py").write_text("import eyas.extract.reader\n")
     (fake / "paths.py").write_text("def f():\n    import eyas.target\n")

@@ -404,11 +404,6 @@ class TrainConfig(Section):
     """Under torchrun: `ddp` replicates the drafter on every rank; `fsdp` shards its weights, gradients and optimizer state (FSDP2)."""
 
     @property
-    def peak_lr(self) -> float:
-        """The learning rate this family trains at (``dflash.lr`` for DFlash, when set)."""
-        return self.dflash.lr if self.drafter == "dflash" and self.dflash.lr is not None else self.lr
-
-    @property
     def families(self) -> list[str]:
         """The drafter families this run trains, in the order given."""
         return [self.drafter] if isinstance(self.drafter, str) else list(self.drafter)

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from eyas.config import TrainConfig
-from eyas.drafter.model import Eagle3Drafter
+from eyas.drafter.families import save_drafter
+from eyas.drafter.families.eagle3 import Eagle3Drafter, Eagle3Spec
 from eyas.drafter.spec import spec_for_target
 from eyas.target.capture import capture, default_aux_layers, num_decoder_layers
 from tests.conftest import write_jsonl
@@ -37,7 +38,8 @@ def overfit_drafter(
         target_next = model.lm_head(captured.final).argmax(-1)  # [B, T]: greedy token after each position
     used = torch.unique(torch.cat([ids.flatten(), target_next.flatten()]))
     vocab = len(used)
-    spec = spec_for_target(model.config, TrainConfig(intermediate_size=512, eagle3=eagle3 or {}), aux_layers, vocab)
+    train = TrainConfig(intermediate_size=512, eagle3=eagle3 or {})
+    spec = Eagle3Spec(**spec_for_target(model.config, train, aux_layers, vocab).sizes(), **train.eagle3.model_dump())
     drafter = Eagle3Drafter(spec, model.get_input_embeddings().weight)
     t2d = torch.zeros(spec.vocab_size, dtype=torch.bool)
     t2d[used] = True
@@ -80,7 +82,7 @@ def distinct_layers_target(vocab_size: int, **config):
 def engine_eval_config(root: Path, drafter, eval_settings: str, num_draft_tokens: int = 3) -> Path:
     """A run that evaluates ``drafter`` (either family, saved under ``root``) on :data:`TEXTS` in another engine:
     ``eval_settings`` are the flow-mapping keys that name the engine and its own settings."""
-    drafter.save(root / "draft")
+    save_drafter(drafter, root / "draft")
     write_jsonl(root / "prompts.jsonl", [{"prompt": t} for t in TEXTS])
     (root / "run.yaml").write_text(
         "run_dir: run\n"
@@ -96,9 +98,7 @@ def overfit_dflash(
 ):
     """A DFlash drafter overfit on ``answers`` to ``prompts`` with training's own objective (blocks
     anchored inside the answers), for tests that need one that is accepted."""
-    from eyas.drafter.dflash import DFlashDrafter
-    from eyas.drafter.families import dflash_spec
-    from eyas.train.blocks import BlockObjective
+    from eyas.drafter.families.dflash import BlockObjective, DFlashDrafter, dflash_spec
     from eyas.train.data import Batch
 
     torch.manual_seed(seed)
@@ -112,7 +112,9 @@ def overfit_dflash(
     batch = Batch(ids, loss_mask, captured.aux.clone(), captured.final.clone(), int(loss_mask.sum()))
     train = TrainConfig(intermediate_size=512, dflash={"block_size": block_size})
     base = spec_for_target(model.config, train, aux_layers, model.config.vocab_size)
-    drafter = DFlashDrafter(dflash_spec(base, train, 16), model.get_input_embeddings().weight, model.lm_head.weight)
+    drafter = DFlashDrafter(
+        dflash_spec(base, train.dflash, 16), model.get_input_embeddings().weight, model.lm_head.weight
+    )
     objective = BlockObjective(anchors=OVERFIT_NEW, block_size=block_size)
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=2e-3)
     drafter.train()

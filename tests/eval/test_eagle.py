@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from eyas.drafter.families import load_drafter, save_drafter
 from eyas.speculate.decode import TargetRunner, speculative_decode
-from eyas.speculate.eagle import BROKEN_ORDER, EagleProposer
+from eyas.speculate.drafter import BROKEN_ORDER, DrafterProposer
 from eyas.speculate.lookup import PromptLookup
 
 from .overfit import OVERFIT_NEW as MAX_NEW
@@ -30,8 +31,8 @@ def _tau(model, proposer, prompts, greedy, stop, k=3):
 @pytest.mark.slow
 def test_broken_aux_order_collapses_tau_toward_one(model, overfit):
     prompts, greedy, stop, drafter = overfit
-    real = _tau(model, EagleProposer(drafter), prompts, greedy, stop)
-    broken = _tau(model, EagleProposer(drafter, "broken", BROKEN_ORDER), prompts, greedy, stop)
+    real = _tau(model, DrafterProposer(drafter), prompts, greedy, stop)
+    broken = _tau(model, DrafterProposer(drafter, "broken", BROKEN_ORDER), prompts, greedy, stop)
     lookup = _tau(model, PromptLookup(), prompts, greedy, stop)
     print(f"tau: drafter {real:.2f}, broken {broken:.2f}, prompt lookup {lookup:.2f}")
     assert real >= 2.0
@@ -48,7 +49,7 @@ def test_drafter_sampling_is_reproducible(model, overfit, sample_drafts):
         torch.manual_seed(0)
         with TargetRunner(model, drafter.spec.aux_layers) as runner:
             g = torch.Generator().manual_seed(0)
-            proposer = EagleProposer(drafter, sample_drafts=sample_drafts)
+            proposer = DrafterProposer(drafter, sample_drafts=sample_drafts)
             return speculative_decode(runner, proposer, prompts[0], 3, MAX_NEW, stop, 0.7, g)
 
     first, second = sample(), sample()
@@ -61,7 +62,7 @@ def _misnumbered_copy(drafter, directory):
     top level, where vLLM reads "the state entering layer k", and no eagle_config."""
     import json
 
-    drafter.save(directory)
+    save_drafter(drafter, directory)
     path = directory / "config.json"
     config = json.loads(path.read_text())
     config["eagle_aux_hidden_state_layer_ids"] = config.pop("eagle_config")["eagle_aux_hidden_state_layer_ids"]
@@ -74,7 +75,6 @@ def test_an_export_read_with_shifted_layer_ids_loses_acceptance(tmp_path):
     lower, must accept less. On SmolLM2 adjacent layers are so alike that a drafter overfit on three
     prompts barely notices (the demo drafter lost 1.51 -> 1.45); a small target whose layers each
     move the residual stream a lot (init std 1.0) makes the loss plain, as on large targets."""
-    from eyas.drafter.model import Eagle3Drafter
     from eyas.speculate.decode import greedy_decode
 
     from .overfit import distinct_layers_target, overfit_drafter
@@ -86,10 +86,10 @@ def test_an_export_read_with_shifted_layer_ids_loses_acceptance(tmp_path):
     with TargetRunner(target) as runner:
         greedy = [greedy_decode(runner, p, MAX_NEW, stop).tokens for p in prompts]
     drafter = overfit_drafter(target, [p + g for p, g in zip(prompts, greedy)], steps=60)
-    shifted = Eagle3Drafter.load(_misnumbered_copy(drafter, tmp_path / "shifted"), target)
+    shifted = load_drafter(_misnumbered_copy(drafter, tmp_path / "shifted"), target)
     assert list(shifted.spec.aux_layers) == [i - 1 for i in drafter.spec.aux_layers]
-    real = _tau(target, EagleProposer(drafter), prompts, greedy, stop)
-    misread = _tau(target, EagleProposer(shifted), prompts, greedy, stop)
+    real = _tau(target, DrafterProposer(drafter), prompts, greedy, stop)
+    misread = _tau(target, DrafterProposer(shifted), prompts, greedy, stop)
     print(f"tau: layers as trained {real:.2f}, read one lower {misread:.2f}")
     assert misread < real - 1.0
 
@@ -97,7 +97,7 @@ def test_an_export_read_with_shifted_layer_ids_loses_acceptance(tmp_path):
 def test_greedy_drafts_at_temperature_are_the_argmax_with_one_hot_q(model, overfit):
     """vLLM drafts the argmax and accepts it with the target's probability: q is one-hot (None)."""
     prompts, greedy, _, drafter = overfit
-    proposer = EagleProposer(drafter)
+    proposer = DrafterProposer(drafter)
     with TargetRunner(model, proposer.aux_layers) as runner:
         runner.reset()
         proposer.reset(prompts[0])

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from eyas.config import TargetConfig, load_config, parse_config
+from eyas.drafter.families import save_drafter
 from eyas.paths import RunPaths
 from eyas.target.llamacpp import LlamaServer, convert, find_llamacpp, target_ggufs
 from tests.conftest import write_jsonl
@@ -40,7 +41,7 @@ def _greedy_in_llamacpp(server: LlamaServer, prompts: list[list[int]]) -> tuple[
 def test_the_gguf_export_serves_as_its_readme_says_with_the_targets_greedy_outputs(llamacpp, overfit, tmp_path):
     prompts, greedy, _, drafter = overfit
     run_dir = tmp_path / "run"
-    drafter.save(run_dir / "train" / "final")
+    save_drafter(drafter, run_dir / "train" / "final")
     import eyas.export
 
     out = eyas.export.export_one(load_tiny(run_dir), "gguf")
@@ -85,7 +86,7 @@ def test_a_dflash_export_serves_in_llamacpp_losslessly_and_accepts_what_eyas_mea
     from eyas import eval as stage
 
     run_dir = tmp_path / "trained"
-    overfit_dflash_drafter.save(run_dir / "train" / "final")
+    save_drafter(overfit_dflash_drafter, run_dir / "train" / "final")
     out = eyas.export.export_one(load_tiny(run_dir, drafter="dflash"), "gguf")
     assert "--spec-type draft-dflash --spec-draft-n-max 3" in (out / "README.md").read_text()
 
@@ -123,7 +124,7 @@ def test_eagle3_1_with_norm_before_fc_serves_in_llamacpp_and_norm_output_is_refu
     assert -0.02 <= difference <= 0.02 + 3 * len(TEXTS) / own["target_passes"], difference
 
     fed_back = overfit_drafter(model, sequences, steps=2, eagle3={"norm_before_fc": True, "norm_output": True})
-    fed_back.save(tmp_path / "run" / "train" / "final")
+    save_drafter(fed_back, tmp_path / "run" / "train" / "final")
     with pytest.raises(ConfigError, match=r"does not read norm_output .*train.eagle3.norm_output"):
         eyas.export.export_one(load_tiny(tmp_path / "run"), "gguf")
     config = engine_eval_config(tmp_path / "out", fed_back, "engine: llamacpp")
@@ -159,7 +160,7 @@ def test_an_export_read_with_shifted_layer_ids_loses_acceptance_in_llamacpp(llam
     with TargetRunner(target) as runner:
         greedy = [greedy_decode(runner, p, OVERFIT_NEW, set()).tokens for p in prompts]
     drafter = overfit_drafter(target, [p + g for p, g in zip(prompts, greedy)], steps=60)
-    drafter.save(tmp_path / "draft")
+    save_drafter(drafter, tmp_path / "draft")
     ggufs = target_ggufs(TargetConfig(model=str(tmp_path / "target")), llamacpp, "f32")
     taus, outputs = {}, {}
     for name, directory in (
@@ -221,7 +222,7 @@ def test_eval_in_llamacpp_measures_the_files_the_gguf_exports_readme_serves(over
         " broken_control: false}\n"
     )
     config = load_config(tmp_path / "run.yaml")
-    overfit[3].save(tmp_path / "run" / "train" / "final")
+    save_drafter(overfit[3], tmp_path / "run" / "train" / "final")
     eyas.export.export_one(config, "sglang")
     readme = (eyas.export.export_one(config, "gguf") / "README.md").read_text()
     command = re.search(r"```bash\n(.+?)\n```", readme, re.S).group(1).split()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from eyas.config import load_config
+from eyas.drafter.families import save_drafter
 from eyas.stage import StageError
 from tests.conftest import write_jsonl
 
@@ -18,7 +19,7 @@ from .overfit import OVERFIT_NEW, TEXTS
 def run_setup(tmp_path_factory, overfit):
     root = tmp_path_factory.mktemp("evalrun")
     drafter = overfit[3]
-    drafter.save(root / "draft")
+    save_drafter(drafter, root / "draft")
     write_jsonl(root / "prompts.jsonl", [{"prompt": t} for t in TEXTS[:2]])
     (root / "run.yaml").write_text(
         "run_dir: run\n"
@@ -71,7 +72,7 @@ def test_another_engines_missing_layout_names_the_export_that_writes_it(overfit,
 
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": t} for t in TEXTS[:1]])
     run = parse_config({**tiny_config(tmp_path / "run"), "eval": {"prompts": str(prompts), "max_new_tokens": 4}})
-    overfit[3].save(tmp_path / "run" / "train" / "final")
+    save_drafter(overfit[3], tmp_path / "run" / "train" / "final")
     eyas.export.export_one(run, "sglang")
     config, name = stage.with_overrides(run, engine="vllm")
     with pytest.raises(StageError, match=r"run `eyas export CONFIG --format vllm`, which writes it") as refused:

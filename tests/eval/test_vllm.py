@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from eyas.config import ConfigError
+from eyas.drafter.families import save_drafter
 from eyas.eval import vllm_engine
 from eyas.eval.families import VLLM_BASIS, compare
 from eyas.target.vllm import ENV_PYTHON, vllm_python
@@ -148,7 +149,7 @@ def test_eyas_releases_the_target_before_vllm_starts_and_tells_vllm_the_free_sha
 
     monkeypatch.setattr(eyas.target, "load_model", load_and_watch)
     monkeypatch.setattr(target_vllm, "device_memory", device_memory)
-    overfit[3].save(tmp_path / "draft")
+    save_drafter(overfit[3], tmp_path / "draft")
     write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": TEXTS[0]}])
     (tmp_path / "run.yaml").write_text(
         "run_dir: run\n"
@@ -167,15 +168,14 @@ def test_vllm_is_asked_for_no_more_draft_tokens_than_a_dflash_drafter_drafts(tmp
     echoes what it was asked), and the row keeps a column for every position asked for."""
     from eyas import eval as stage
     from eyas.config import TrainConfig, load_config
-    from eyas.drafter.dflash import DFlashDrafter
-    from eyas.drafter.families import dflash_spec
+    from eyas.drafter.families.dflash import DFlashDrafter, dflash_spec
     from eyas.drafter.spec import spec_for_target
     from eyas.target.capture import default_aux_layers, num_decoder_layers
 
     train = TrainConfig(dflash={"block_size": 4})
     base = spec_for_target(model.config, train, default_aux_layers(num_decoder_layers(model)), model.config.vocab_size)
-    spec = dflash_spec(base, train, 16)
-    DFlashDrafter(spec, model.get_input_embeddings().weight, model.lm_head.weight).save(tmp_path / "draft")
+    spec = dflash_spec(base, train.dflash, 16)
+    save_drafter(DFlashDrafter(spec, model.get_input_embeddings().weight, model.lm_head.weight), tmp_path / "draft")
     write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": TEXTS[0]}])
     (tmp_path / "run.yaml").write_text(
         "run_dir: run\n"
@@ -220,7 +220,7 @@ def test_the_export_readme_serve_command_runs_as_written(tmp_path, overfit, mode
 
     python = vllm_or_skip()
     run_dir = tmp_path / "run"
-    overfit[3].save(run_dir / "train" / "final")
+    save_drafter(overfit[3], run_dir / "train" / "final")
     out = eyas.export.export_one(load_tiny(run_dir), "vllm")
     command = _readme_vllm_command((out / "README.md").read_text())
     assert command.startswith("python -m vllm.entrypoints.openai.api_server --model ")

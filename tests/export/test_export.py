@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 import eyas.export
 from eyas.config import ConfigError
-from eyas.drafter.model import Eagle3Drafter
+from eyas.drafter.families import load_drafter, save_drafter
 from eyas.stage import StageError
 from tests.stages import mark_finished
 from tests.train.conftest import load_tiny, subprocess_env, write_config
@@ -77,7 +77,7 @@ SPECULATORS_CONFIG_KEYS = {
 def trained_run(tmp_path, model):
     run_dir = tmp_path / "run"
     drafter = small_drafter(model)
-    drafter.save(run_dir / "train" / "final")
+    save_drafter(drafter, run_dir / "train" / "final")
     return run_dir, drafter
 
 
@@ -111,7 +111,7 @@ def test_sglang_and_vllm_layout(trained_run, model, fmt):
     # Every serve command names the target's precision: SGLang's `auto` would serve float32 in float16.
     assert readme.count("--dtype float32") == 2
     assert '"method": "eagle3"' in readme
-    for a, b in zip(outputs(drafter), outputs(Eagle3Drafter.load(out, model))):
+    for a, b in zip(outputs(drafter), outputs(load_drafter(out, model))):
         assert torch.equal(a, b)
 
 
@@ -130,7 +130,7 @@ def test_speculators_layout(trained_run, model, tmp_path):
     assert spec["verifier"]["architectures"] == ["LlamaForCausalLM"] and spec["verifier"]["name_or_path"]
     # speculators configs are read by vLLM: the state entering layer k.
     assert config["eagle_aux_hidden_state_layer_ids"] == [2, 15, 27]
-    for a, b in zip(outputs(drafter), outputs(Eagle3Drafter.load(out, model))):
+    for a, b in zip(outputs(drafter), outputs(load_drafter(out, model))):
         assert torch.equal(a, b)
 
 
@@ -187,7 +187,6 @@ def test_speculators_readme_serves_the_directory(trained_run, tmp_path):
 
 def test_export_is_in_the_targets_dtype(trained_run, model, tmp_path):
     """SGLang runs a float32 drafter in float16 beside a bfloat16 target: the export follows the target."""
-    from eyas.drafter import layout
     from eyas.export import target_dtype
 
     class Config:
@@ -196,12 +195,12 @@ def test_export_is_in_the_targets_dtype(trained_run, model, tmp_path):
     assert target_dtype(Config()) == torch.bfloat16
     _, drafter = trained_run
     out = tmp_path / "bf16"
-    layout.save_drafter(drafter.trainable_state_dict(), drafter.spec, out, torch.bfloat16)
+    save_drafter(drafter, out, torch.bfloat16)
     weights = load_file(str(out / "model.safetensors"))
     assert weights["fc.weight"].dtype == torch.bfloat16 and weights["d2t"].dtype == torch.int64
     assert weights["t2d"].dtype == torch.bool
     assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
-    reloaded = Eagle3Drafter.load(out, model)
+    reloaded = load_drafter(out, model)
     assert torch.equal(reloaded.fc.weight, drafter.fc.weight.to(torch.bfloat16).float())
 
 
@@ -232,9 +231,9 @@ def _old_eyas_numbering(config):
 def test_foreign_numberings_load_with_the_layers_they_mean(trained_run, model, tmp_path, change):
     _, drafter = trained_run
     out = tmp_path / "foreign"
-    drafter.save(out)
+    save_drafter(drafter, out)
     _rewrite_config(out, change)
-    reloaded = Eagle3Drafter.load(out, model)
+    reloaded = load_drafter(out, model)
     assert reloaded.spec.aux_layers == (1, 14, 26)
     for a, b in zip(outputs(drafter), outputs(reloaded)):
         assert torch.equal(a, b)
@@ -244,13 +243,13 @@ def test_original_eagle3_release_layout_loads(trained_run, model, tmp_path):
     """The EAGLE-3 releases: pytorch_model.bin with the embedding inside, no layer ids (the default layers)."""
     _, drafter = trained_run
     out = tmp_path / "release"
-    drafter.save(out)
+    save_drafter(drafter, out)
     weights = load_file(str(out / "model.safetensors"))
     weights["embed_tokens.weight"] = model.get_input_embeddings().weight.detach().clone()
     torch.save(weights, out / "pytorch_model.bin")
     (out / "model.safetensors").unlink()
     _rewrite_config(out, lambda c: [_without_top_level_ids(c), _without_eagle_config(c)])
-    reloaded = Eagle3Drafter.load(out, model)
+    reloaded = load_drafter(out, model)
     assert reloaded.spec.aux_layers == (1, 14, 26)
     for a, b in zip(outputs(drafter), outputs(reloaded)):
         assert torch.equal(a, b)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from eyas.config import TrainConfig
-from eyas.drafter.model import Eagle3Drafter
+from eyas.drafter.families.eagle3 import Eagle3Drafter, Eagle3Spec
 from eyas.drafter.spec import spec_for_target
 from eyas.target.capture import default_aux_layers, num_decoder_layers
 
@@ -14,7 +14,8 @@ def small_drafter(model, draft_vocab_size: int = 512, seed: int = 0, **sizes) ->
     """A randomly initialised drafter with the target's hidden size and a small MLP and vocabulary."""
     torch.manual_seed(seed)
     train = TrainConfig(intermediate_size=sizes.pop("intermediate_size", 256), **sizes)
-    spec = spec_for_target(model.config, train, default_aux_layers(num_decoder_layers(model)), draft_vocab_size)
+    base = spec_for_target(model.config, train, default_aux_layers(num_decoder_layers(model)), draft_vocab_size)
+    spec = Eagle3Spec(**base.sizes(), **train.eagle3.model_dump())
     drafter = Eagle3Drafter(spec, model.get_input_embeddings().weight)
     used = (
         torch.randperm(spec.vocab_size, generator=torch.Generator().manual_seed(seed))[:draft_vocab_size].sort().values

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eyas.drafter.session import DraftSession
+from eyas.drafter.families.eagle3 import DraftSession
 from eyas.target.capture import capture
 from tests.train.helpers import small_drafter
 

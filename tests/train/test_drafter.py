@@ -7,14 +7,17 @@ import json
 import torch
 
 from eyas.config import TrainConfig
-from eyas.drafter.model import Eagle3Drafter
+from eyas.drafter.families import load_drafter, save_drafter
+from eyas.drafter.families.eagle3 import Eagle3Drafter, Eagle3Spec
 from eyas.drafter.spec import spec_for_target
 from eyas.target.capture import default_aux_layers
 from tests.train.helpers import small_drafter
 
 
 def test_default_shapes_for_embedded_target(model):
-    spec = spec_for_target(model.config, TrainConfig(), default_aux_layers(30), draft_vocab_size=32000)
+    spec = Eagle3Spec(
+        **spec_for_target(model.config, TrainConfig(), default_aux_layers(30), draft_vocab_size=32000).sizes()
+    )
     drafter = Eagle3Drafter(spec, model.get_input_embeddings().weight)
     shapes = {k: tuple(v.shape) for k, v in drafter.trainable_state_dict().items()}
     assert shapes == {
@@ -45,8 +48,8 @@ def test_default_shapes_for_embedded_target(model):
 
 def test_save_load_round_trip(model, tmp_path):
     drafter = small_drafter(model)
-    drafter.save(tmp_path)
-    loaded = Eagle3Drafter.load(tmp_path, model).eval()
+    save_drafter(drafter, tmp_path)
+    loaded = load_drafter(tmp_path, model).eval()
     aux = torch.randn(1, 6, 3 * 576)
     ids = torch.randint(0, 49152, (1, 6))
     with torch.no_grad():
@@ -58,26 +61,26 @@ def test_save_load_round_trip(model, tmp_path):
 def test_eagle3_1_options_round_trip_through_every_layout_that_reads_them(model, tmp_path):
     """EAGLE-3.1 (train.eagle3): ``input_norm`` before ``fc`` and the post-norm state fed back, in
     the config keys vLLM and llama.cpp's converter read, and loaded back to the same drafter."""
-    from eyas.drafter.layout import read_spec, save_speculators
+    from eyas.drafter.families import EAGLE3, read_spec
 
     drafter = small_drafter(model, eagle3={"norm_before_fc": True, "norm_output": True})
     with torch.no_grad():
         drafter.input_norm.weight.uniform_(0.5, 1.5)
-    drafter.save(tmp_path / "sglang")
+    save_drafter(drafter, tmp_path / "sglang")
     config = json.loads((tmp_path / "sglang" / "config.json").read_text())
     assert config["norm_before_fc"] is True and config["norm_output"] is True
     weights = drafter.trainable_state_dict()
     assert weights["input_norm.weight"].shape == (3 * 576,)
-    save_speculators(weights, drafter.spec, tmp_path / "speculators", "embedded", [], 3, torch.float32)
+    EAGLE3.export("speculators", weights, drafter.spec, tmp_path / "speculators", torch.float32, ("embedded", []), 3)
     for layout in ("sglang", "speculators"):
         spec = read_spec(tmp_path / layout)
         assert (spec.norm_before_fc, spec.norm_output) == (True, True)
 
-    loaded = Eagle3Drafter.load(tmp_path / "sglang", model).eval()
+    loaded = load_drafter(tmp_path / "sglang", model).eval()
     plain = small_drafter(model)  # the same weights but for input_norm, as EAGLE-3
     aux, ids = torch.randn(1, 6, 3 * 576), torch.randint(0, 49152, (1, 6))
     with torch.no_grad():
         for a, b, c in zip(drafter.unroll(aux, ids, 3), loaded.unroll(aux, ids, 3), plain.unroll(aux, ids, 3)):
             assert torch.equal(a, b) and not torch.allclose(a, c)
-    plain.save(tmp_path / "plain")
+    save_drafter(plain, tmp_path / "plain")
     assert not {"norm_before_fc", "norm_output"} & set(json.loads((tmp_path / "plain" / "config.json").read_text()))

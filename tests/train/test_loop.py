@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 import eyas.train
 from eyas import pipeline
 from eyas.config import ConfigError
-from eyas.drafter.model import Eagle3Drafter
+from eyas.drafter.families import load_drafter
 from eyas.paths import RunPaths
 from eyas.stage import StageError, begin, check, digest, read_marker
 from eyas.train.checkpoint import checkpoints_dir
@@ -38,7 +38,7 @@ def test_loss_goes_down_with_default_drafter_sizes(merged_run, model):
         1 + ev["acc"][0] + ev["acc"][0] * ev["acc"][1] + ev["acc"][0] * ev["acc"][1] * ev["acc"][2]
     )
     assert read_metrics(merged_run / "train" / "metrics.jsonl", "eval")[-1]["step"] == 6
-    drafter = Eagle3Drafter.load(merged_run / "train" / "final", model)
+    drafter = load_drafter(merged_run / "train" / "final", model)
     assert drafter.spec.draft_vocab_size == 32000 and drafter.spec.intermediate_size == 1536
 
 

@@ -9,8 +9,8 @@ import torch
 
 from eyas import train
 from eyas.config import ConfigError
-from eyas.drafter.layout import read_drafter
-from eyas.drafter.model import Eagle3Drafter
+from eyas.drafter.families import read_drafter
+from eyas.drafter.families.eagle3 import Eagle3Drafter, Eagle3Spec
 from eyas.drafter.spec import spec_for_target
 from eyas.paths import RunPaths
 from eyas.stage import check
@@ -25,7 +25,7 @@ STEPS = 4
 def fresh_drafter(model, config, draft_vocab: int) -> Eagle3Drafter:
     """A drafter as training builds it before the warm start: random weights, this run's vocabulary."""
     layers = aux_layers(config.target, config.extract.aux_layers)
-    spec = spec_for_target(text_config(model.config), config.train, layers, draft_vocab)
+    spec = Eagle3Spec(**spec_for_target(text_config(model.config), config.train, layers, draft_vocab).sizes())
     drafter = Eagle3Drafter(spec, model.get_input_embeddings().weight)
     used = torch.arange(10, 10 + 2 * draft_vocab, 2)  # every other id: half of a smaller vocabulary's ids
     t2d = torch.zeros(spec.vocab_size, dtype=torch.bool)

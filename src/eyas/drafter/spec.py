@@ -1,13 +1,14 @@
 """The drafter's sizes, derived from the target's config and ``train.*`` overrides.
 
-One frozen dataclass that every drafter builder, checkpoint and export reads, so the sizes
-written to ``config.json`` are the sizes the weights have.
+One frozen dataclass that every family's spec extends (:mod:`eyas.drafter.families`) and every
+drafter builder, checkpoint and export reads, so the sizes written to ``config.json`` are the
+sizes the weights have.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
 
 from eyas.config import ConfigError, TrainConfig
 from eyas.target import text_config
@@ -15,6 +16,9 @@ from eyas.target import text_config
 
 @dataclass(frozen=True)
 class DrafterSpec:
+    family: ClassVar[str | None] = None
+    """The family a spec of this type is (:mod:`eyas.drafter.families`); the base sizes are none."""
+
     vocab_size: int
     """Target vocabulary (the embedding's rows)."""
     draft_vocab_size: int
@@ -31,14 +35,14 @@ class DrafterSpec:
     aux_layers: tuple[int, ...]
     """0-based target decoder layers whose outputs feed ``fc``, in concatenation order."""
     hidden_act: str = "silu"
-    norm_before_fc: bool = False
-    """EAGLE-3.1: RMSNorm over the concatenated aux states before ``fc`` (``train.eagle3``)."""
-    norm_output: bool = False
-    """EAGLE-3.1: the post-norm state is fed back and read by ``lm_head`` (``train.eagle3``)."""
+
+    def sizes(self) -> dict[str, Any]:
+        """The base fields, to build a family's spec from these sizes."""
+        return {f.name: getattr(self, f.name) for f in fields(DrafterSpec)}
 
     def draft_length(self, wanted: int) -> int:
         """Tokens one verification pass drafts when ``wanted`` are asked for: what every engine is
-        asked for. EAGLE-3 runs one drafter step per token, so as many as asked."""
+        asked for. A chain drafter runs one step per token, so as many as asked."""
         return wanted
 
     def llama_config(self):
@@ -74,7 +78,8 @@ def rope_parameters_of(target_config) -> dict[str, Any]:
 
 
 def spec_for_target(target_config, train: TrainConfig, aux_layers: list[int], draft_vocab_size: int) -> DrafterSpec:
-    """Drafter sizes: the target's, each overridable by its ``train.*`` key."""
+    """Drafter sizes: the target's, each overridable by its ``train.*`` key (a family's
+    :meth:`~eyas.drafter.family.Family.spec` adds its own)."""
     text = text_config(target_config)
     target_hidden = text.hidden_size
     hidden = train.hidden_size or target_hidden
@@ -102,5 +107,4 @@ def spec_for_target(target_config, train: TrainConfig, aux_layers: list[int], dr
         max_position_embeddings=text.max_position_embeddings,
         target_hidden_size=target_hidden,
         aux_layers=tuple(aux_layers),
-        **(train.eagle3.model_dump() if train.drafter == "eagle3" else {}),
     )

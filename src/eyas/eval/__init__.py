@@ -40,7 +40,7 @@ import torch
 
 from eyas.config import ConfigError, RunConfig
 from eyas.console import console, progress
-from eyas.eval.eagle import load_drafter
+from eyas.eval.drafter import load_drafter
 from eyas.eval.plot import plot_acceptance
 from eyas.eval.prompts import EvalPrompt, load_eval_prompts
 from eyas.eval.report import (
@@ -61,8 +61,7 @@ from eyas.jsonl import DurableAppender, read_jsonl, recover
 from eyas.paths import RunPaths
 from eyas.records import content_hash
 from eyas.speculate.decode import TargetRunner, greedy_decode, speculative_decode
-from eyas.speculate.dflash import proposer_for
-from eyas.speculate.eagle import BROKEN_ORDER, EagleProposer
+from eyas.speculate.drafter import DrafterProposer, broken_control
 from eyas.speculate.lookup import PromptLookup
 from eyas.stage import StageContract, StageError, StageRun, begin, file_digest, flat
 from eyas.target import resolved_here
@@ -162,10 +161,10 @@ def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict
     drafter_dir = draft_dir(config)
     _require_drafter(config, drafter_dir)
     if cfg.engine == "llamacpp":
-        from eyas.drafter.layout import family_of, options_set
+        from eyas.drafter.families import family_at, options_set
         from eyas.target.llamacpp_support import require_served
 
-        require_served(config.target, family_of(drafter_dir), options_set(drafter_dir))
+        require_served(config.target, family_at(drafter_dir), options_set(drafter_dir))
     started = begin(config, CONTRACT, paths)
     paths.marker("eval").unlink(missing_ok=True)
     tokenizer = load_tokenizer(config.target)
@@ -195,7 +194,7 @@ def draft_length(config: RunConfig, drafter_dir: Path) -> int:
     """``eval.num_draft_tokens`` as the drafter drafts them in one pass (a DFlash drafter at most
     its block size − 1, :meth:`~eyas.drafter.spec.DrafterSpec.draft_length`): what llama.cpp and
     vLLM are asked for, so no engine row is a longer draft in name only."""
-    from eyas.drafter.layout import read_spec
+    from eyas.drafter.families import read_spec
     from eyas.target import load_model_config, text_config
 
     layers = text_config(load_model_config(config.target)).num_hidden_layers
@@ -222,7 +221,8 @@ def _in_llamacpp(config: RunConfig, drafter_dir: Path, prompts: list[EvalPrompt]
     ``eyas export --format gguf`` writes and its README serves — the conversions of
     :mod:`eyas.target.llamacpp`, cached by content, in the precision the target's checkpoint
     declares (not the one eyas computes in here: f32 on a CPU)."""
-    from eyas.drafter.layout import dtype_name, family_of, target_dtype
+    from eyas.drafter.families import family_at
+    from eyas.drafter.layout import dtype_name, target_dtype
     from eyas.eval.llamacpp_engine import configurations, measure, server_threads
     from eyas.target import load_model_config
     from eyas.target.llamacpp import GGUF_TYPES, draft_gguf, find_llamacpp, target_ggufs
@@ -245,7 +245,7 @@ def _in_llamacpp(config: RunConfig, drafter_dir: Path, prompts: list[EvalPrompt]
     }
     cached = paths.eval_dir / f"llamacpp-{content_hash(request)}.json"
     if not cached.is_file():
-        configs = configurations(draft, steps, family_of(drafter_dir))
+        configs = configurations(draft, steps, family_at(drafter_dir))
         section = measure(config, llamacpp, ggufs.same_precision, configs, prompts, paths.eval_dir)
         write_json_atomic(cached, {**section, "draft": str(draft), "measured_by": measured_by})
     return {**json.loads(cached.read_text()), "result_file": cached.name}
@@ -263,9 +263,10 @@ def _eval_in_process(
     model = load_model(config.target)
     drafter = load_drafter(drafter_dir, model)
     sample_drafts = cfg.draft_sampling == "sample"
-    proposers = [PromptLookup(cfg.lookup_max_ngram), proposer_for(drafter, sample_drafts)]
-    if cfg.broken_control and isinstance(proposers[1], EagleProposer):
-        proposers.append(EagleProposer(drafter, "eagle3_broken_aux_order", BROKEN_ORDER, sample_drafts=sample_drafts))
+    proposers = [PromptLookup(cfg.lookup_max_ngram), DrafterProposer(drafter, sample_drafts=sample_drafts)]
+    control = broken_control(drafter, sample_drafts) if cfg.broken_control else None
+    if control is not None:
+        proposers.append(control)
 
     fingerprint_now = started.marker["fingerprint"]
     results_key = {k: v for k, v in fingerprint_now.items() if k.removeprefix("eval.") not in RESULT_INDEPENDENT_KEYS}
@@ -336,7 +337,7 @@ def _add_vllm(
 ) -> None:
     """Serve the export in vLLM on the same prompts, the target in eyas's ``dtype``, drafting
     ``steps`` tokens a pass; its row and the agreement check join the report."""
-    from eyas.drafter.layout import family_of
+    from eyas.drafter.families import family_at
     from eyas.eval import vllm_engine
     from eyas.target.settings import SpeculativeDecoding
     from eyas.target.vllm_engine import speculative_decode
@@ -344,12 +345,16 @@ def _add_vllm(
     cfg = config.eval
     ids = [p.input_ids for p in prompts]
     decoding = SpeculativeDecoding.from_config(cfg, steps)
-    family = family_of(drafter_dir)
-    result = speculative_decode(config.target, decoding, drafter_dir, ids, stop_ids, dtype, paths.eval_dir, family)
+    family = family_at(drafter_dir)
+    result = speculative_decode(
+        config.target, decoding, drafter_dir, ids, stop_ids, dtype, paths.eval_dir, family.vllm_method
+    )
     reference = {p.id: done[(PLAIN, p.id)].tokens for p in prompts} if cfg.temperature == 0 else None
     vllm = vllm_engine.summarize_vllm(result, [p.id for p in prompts], cfg.num_draft_tokens, reference)
-    report["methods"][vllm_engine.method_name(family)] = vllm
-    report["engine_check"] = vllm_engine.compare(report["methods"][family], vllm, steps, greedy=cfg.temperature == 0)
+    report["methods"][vllm_engine.method_name(family.name)] = vllm
+    report["engine_check"] = vllm_engine.compare(
+        report["methods"][family.name], vllm, steps, greedy=cfg.temperature == 0
+    )
 
 
 def _prompt_digest(prompt: EvalPrompt) -> str:

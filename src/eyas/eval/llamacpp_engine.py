@@ -44,14 +44,19 @@ from eyas.target.llamacpp import LlamaCpp, LlamaServer
 log = logging.getLogger(__name__)
 
 PLAIN = "plain"
-DRAFTER_FAMILIES = ("eagle3", "dflash")
 NGRAM_TYPES = ("ngram-mod", "ngram-simple")
 
 
-def configurations(draft: Path, k: int, family: str = "eagle3") -> dict[str, list[str]]:
+def configurations(draft: Path, k: int, family) -> dict[str, list[str]]:
     """Name -> the ``llama-server`` arguments that make it, ``k`` the drafter's draft length;
-    ``family``: ``eagle3`` or ``dflash``."""
-    return {PLAIN: [], **{f"{family}, n={n}": drafting(draft, family, n) for n in range(1, k + 1)}, **draftless()}
+    ``family``: the drafter's (:class:`eyas.drafter.family.Family`), whose name the rows carry."""
+    drafted = {f"{family.name}, n={n}": drafting(draft, family.llamacpp_arch, n) for n in range(1, k + 1)}
+    return {PLAIN: [], **drafted, **draftless()}
+
+
+def is_drafted(name: str) -> bool:
+    """Whether a row of :func:`configurations` drafts with the drafter (not plain, not n-gram)."""
+    return name != PLAIN and name not in NGRAM_TYPES
 
 
 def draftless() -> dict[str, list[str]]:
@@ -59,9 +64,10 @@ def draftless() -> dict[str, list[str]]:
     return {name: ["--spec-type", name] for name in NGRAM_TYPES}
 
 
-def drafting(draft: Path, family: str, n: int) -> list[str]:
-    """The ``llama-server`` arguments that serve ``draft`` (an ``eagle3`` or ``dflash`` GGUF) drafting ``n`` tokens."""
-    return ["-md", str(draft), "--spec-type", f"draft-{family}", "--spec-draft-n-max", str(n)]
+def drafting(draft: Path, arch: str, n: int) -> list[str]:
+    """The ``llama-server`` arguments that serve ``draft`` (a GGUF of drafter architecture ``arch``,
+    ``eagle3`` or ``dflash``) drafting ``n`` tokens."""
+    return ["-md", str(draft), "--spec-type", f"draft-{arch}", "--spec-draft-n-max", str(n)]
 
 
 def server_threads() -> int:
@@ -207,7 +213,7 @@ def _section(configs, rounds, outputs, counters, probs, prompts, target: Path, c
             "speedup": median / plain if plain else None,
             "lossless": _lossless(prompts, outputs[name], reference, probs, cfg.llamacpp_tie_margin),
         }
-    drafted = [n for n in methods if n.startswith(DRAFTER_FAMILIES)]
+    drafted = [n for n in methods if is_drafted(n)]
     best = max(drafted, key=lambda n: methods[n]["tokens_per_s"])
     return {
         "engine": "llama.cpp",

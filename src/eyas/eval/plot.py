@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eyas.eval.llamacpp_engine import DRAFTER_FAMILIES
+from eyas.eval.llamacpp_engine import is_drafted
 
 
 def plot_acceptance(report: dict, path: Path) -> Path:
@@ -45,9 +45,7 @@ def plot_acceptance(report: dict, path: Path) -> Path:
     if llamacpp:
         names = list(llamacpp["methods"])
         speedups = [llamacpp["methods"][n]["speedup"] for n in names]
-        axes[2].bar(
-            range(len(names)), speedups, color=["C0" if n.startswith(DRAFTER_FAMILIES) else "C7" for n in names]
-        )
+        axes[2].bar(range(len(names)), speedups, color=["C0" if is_drafted(n) else "C7" for n in names])
         axes[2].axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
         axes[2].set_xticks(range(len(names)), names, rotation=20)
         axes[2].set(

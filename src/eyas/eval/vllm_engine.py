@@ -122,7 +122,7 @@ def run_in_vllm_only(
     and, greedy, the lossless reference: the drafter's outputs must equal it prompt by prompt, as
     they must equal eyas's own greedy decoding in-process.
     """
-    from eyas.drafter.layout import family_of
+    from eyas.drafter.families import family_at
     from eyas.target import dtype_name
     from eyas.target.settings import SpeculativeDecoding
     from eyas.target.vllm_engine import speculative_decode
@@ -130,11 +130,11 @@ def run_in_vllm_only(
     cfg = config.eval
     ids, prompt_ids = [p.input_ids for p in prompts], [p.id for p in prompts]
     dtype, decoding = dtype_name(config.target), SpeculativeDecoding.from_config(cfg, steps)
-    family = family_of(draft_dir)
+    family = family_at(draft_dir)
     plain = speculative_decode(config.target, decoding, None, ids, stop_ids, dtype, out_dir)
-    drafted = speculative_decode(config.target, decoding, draft_dir, ids, stop_ids, dtype, out_dir, family)
+    drafted = speculative_decode(config.target, decoding, draft_dir, ids, stop_ids, dtype, out_dir, family.vllm_method)
     baseline = plain_vllm(plain, len(prompts))
     reference = dict(zip(prompt_ids, plain["outputs"], strict=True)) if cfg.temperature == 0 else None
     method = summarize_vllm(drafted, prompt_ids, cfg.num_draft_tokens, reference)
     method["speedup"] = method["tokens_per_s"] / baseline["tokens_per_s"] if baseline["tokens_per_s"] else None
-    return report_frame(config, draft_dir, prompts, baseline, {method_name(family): method})
+    return report_frame(config, draft_dir, prompts, baseline, {method_name(family.name): method})

@@ -15,7 +15,7 @@ runs a float32 drafter in float16 beside a bfloat16 target, so a float32 export 
 only for a float32 target. Training checkpoints stay float32.
 
 Guarantees: the directory appears complete or not at all (written aside, then swapped in), and
-:meth:`eyas.drafter.model.Eagle3Drafter.load` reloads it to the same outputs. The stage
+:func:`eyas.drafter.families.load_drafter` reloads it to the same outputs. The stage
 (``eyas export CONFIG``) writes the layouts the run serves (:func:`formats_for`) and then its
 marker, ``export/stage.json``; an export of another layout or to ``--out`` is an extra copy
 and leaves the marker alone.
@@ -72,8 +72,7 @@ def run(config: RunConfig, quiet: bool = False) -> list[Path]:
 def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None = None) -> Path:
     """Write one layout (to ``run_dir/export/FORMAT`` or ``out``); returns its directory."""
     from eyas.drafter import layout
-    from eyas.drafter.families import is_dflash
-    from eyas.export.readme import serve_readme
+    from eyas.drafter.families import family_of, read_drafter
     from eyas.target import load_model_config, resolve_target, text_config
     from eyas.target.capture import check_aux_layers
 
@@ -85,37 +84,31 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
         raise StageError(f"{source}: no trained drafter yet; run `eyas train CONFIG` first")
     model_config = load_model_config(config.target)
     num_layers = text_config(model_config).num_hidden_layers
-    spec, weights = layout.read_drafter(source, num_layers)
-    dflash = is_dflash(spec)
+    spec, weights = read_drafter(source, num_layers)
+    family = family_of(spec)
     try:
-        check_aux_layers(
-            list(spec.aux_layers), num_layers, f"{source / layout.CONFIG_FILE}: aux layers", None if dflash else 3
-        )
+        where = f"{source / layout.CONFIG_FILE}: aux layers"
+        check_aux_layers(list(spec.aux_layers), num_layers, where, family.aux_layer_count)
     except ValueError as e:
         raise ConfigError(str(e)) from None
-    if dflash and format == "speculators":
-        raise ConfigError("--format: speculators has no DFlash layout; vLLM and SGLang read the `vllm`/`sglang` export")
+    family.require_format(format)
     dtype = target_dtype(model_config)
     out = Path(out) if out is not None else paths.export(format)
     verifier = resolve_target(config.target).name_or_path
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    dtype_name = layout.dtype_name(dtype)
     steps = spec.draft_length(config.eval.num_draft_tokens)
-    if format == "speculators":
-        architectures = list(getattr(model_config, "architectures", None) or [])
-        layout.save_speculators(weights, spec, tmp, verifier, architectures, steps, dtype)
-        readme = serve_readme(format, out.resolve(), verifier, steps, dtype_name)
-    elif format == "gguf":
+    if format == "gguf":
         from eyas.export.gguf import write_gguf
         from eyas.target.llamacpp_support import require_served
 
         # Refused here rather than a README whose command aborts the server on its first request.
-        require_served(config.target, "dflash" if dflash else "eagle3", list(layout.eagle3_1_keys(spec)))
+        require_served(config.target, family, list(family.options(spec)))
         readme = write_gguf(config.target, weights, spec, dtype, tmp, out.resolve(), steps)
     else:
-        layout.save_drafter(weights, spec, tmp, dtype)
-        readme = serve_readme(format, out.resolve(), verifier, steps, dtype_name, "dflash" if dflash else "eagle3")
+        architectures = list(getattr(model_config, "architectures", None) or [])
+        family.export(format, weights, spec, tmp, dtype, (verifier, architectures), steps)
+        readme = family.readme(format, out.resolve(), verifier, steps, layout.dtype_name(dtype))
     (tmp / "README.md").write_text(readme)
     replace_dir(tmp, out)
     return out

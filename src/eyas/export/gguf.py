@@ -26,26 +26,35 @@ from eyas.paths import DRAFT_GGUF
 
 def write_gguf(target: TargetConfig, weights: dict, spec, dtype: torch.dtype, tmp: Path, out: Path, steps: int) -> str:
     """Write the drafter's GGUF into ``tmp`` (to be renamed to ``out``); returns the README."""
-    from eyas.drafter.families import is_dflash
-    from eyas.drafter.layout import dtype_name, save_drafter
+    from eyas.drafter.families import family_of, save_weights
+    from eyas.drafter.layout import dtype_name
     from eyas.target.llamacpp import GGUF_TYPES, draft_gguf, find_llamacpp, target_ggufs
 
     llamacpp = find_llamacpp(target.llamacpp)
     outtype = GGUF_TYPES[dtype_name(dtype)]
     ggufs = target_ggufs(target, llamacpp, outtype)
     hf = tmp / "hf"
-    save_drafter(weights, spec, hf, dtype)
+    save_weights(weights, spec, hf, dtype)
     shutil.copyfile(draft_gguf(llamacpp, hf, ggufs), tmp / DRAFT_GGUF)
     shutil.rmtree(hf)
-    family = "dflash" if is_dflash(spec) else "eagle3"
-    return gguf_readme(llamacpp.server, ggufs.same_precision, ggufs.shipped, out / DRAFT_GGUF, outtype, steps, family)
+    family = family_of(spec)
+    return gguf_readme(
+        llamacpp.server,
+        ggufs.same_precision,
+        ggufs.shipped,
+        out / DRAFT_GGUF,
+        outtype,
+        steps,
+        family.llamacpp_arch,
+        family.title,
+    )
 
 
 def gguf_readme(
-    server: Path, target: Path, shipped: Path | None, draft: Path, outtype: str, steps: int, family: str
+    server: Path, target: Path, shipped: Path | None, draft: Path, outtype: str, steps: int, arch: str, title: str
 ) -> str:
-    serve = f"--spec-type draft-{family} --spec-draft-n-max {steps} -md {draft}"
-    title = {"eagle3": "EAGLE-3", "dflash": "DFlash"}[family]
+    """``arch``: the drafter's llama.cpp architecture (``--spec-type draft-<arch>``); ``title``: its family in prose."""
+    serve = f"--spec-type draft-{arch} --spec-draft-n-max {steps} -md {draft}"
     sections = [
         f"# {title} drafter for llama.cpp\n\nTrained by eyas, converted by llama.cpp's own converter; drafter "
         f"and target in {outtype}, so greedy outputs are the target's own with or without the draft.\n",

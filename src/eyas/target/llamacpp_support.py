@@ -51,9 +51,10 @@ class Support:
     """The model graph file llama.cpp builds the target with, relative to the tree."""
 
 
-def serving_support(tree: Path, hf_config: dict, family: str) -> Support:
-    """Whether the llama.cpp source tree ``tree`` serves a ``family`` (``eagle3``, ``dflash``)
-    drafter beside a target whose ``config.json`` is ``hf_config``."""
+def serving_support(tree: Path, hf_config: dict, drafter_arch: str, title: str | None = None) -> Support:
+    """Whether the llama.cpp source tree ``tree`` serves a drafter of llama.cpp architecture
+    ``drafter_arch`` (``eagle3``, ``dflash``; ``title``: its family in prose) beside a target whose
+    ``config.json`` is ``hf_config``."""
     hf_arch = _hf_architecture(hf_config)
     if hf_arch is None:
         return Support(None, "the target's config.json names no architecture")
@@ -64,9 +65,8 @@ def serving_support(tree: Path, hf_config: dict, family: str) -> Support:
     enums = _llm_arch_enums(tree)
     if arch is None or arch not in enums:
         return Support(None, f"MODEL_ARCH.{model_arch} could not be traced to a llama.cpp architecture")
-    drafter = {"eagle3": "an EAGLE-3", "dflash": "a DFlash"}[family]
-    if family not in enums:
-        return Support(False, f"this llama.cpp has no {family} drafter architecture", arch)
+    if drafter_arch not in enums:
+        return Support(False, f"this llama.cpp has no {drafter_arch} drafter architecture", arch)
     model_class = _model_classes(tree).get(enums[arch])
     graph = _graph_file(tree, model_class) if model_class else None
     if graph is None:
@@ -76,7 +76,7 @@ def serving_support(tree: Path, hf_config: dict, family: str) -> Support:
         return Support(True, f"llama.cpp's {arch} graph ({where}) hands the drafter each layer's input", arch, where)
     return Support(
         False,
-        f"llama.cpp's {arch} graph ({where}) does not capture the layer inputs {drafter} drafter reads "
+        f"llama.cpp's {arch} graph ({where}) does not capture the layer inputs {title or drafter_arch} drafters read "
         '(it never sets t_layer_inp), so llama-server aborts on the first request ("layer input tensor is null")',
         arch,
         where,
@@ -92,8 +92,9 @@ def unread_options(tree: Path, options: list[str]) -> list[str]:
     return [key for key in options if f'"{key}"' not in text]
 
 
-def require_served(target, family: str, options: list[str] = ()) -> Support:
-    """The verdict for a run's target (a ``TargetConfig``) in the llama.cpp eyas runs; raises
+def require_served(target, family, options: list[str] = ()) -> Support:
+    """The verdict for a run's target (a ``TargetConfig``) and a drafter ``family`` (an
+    :class:`eyas.drafter.family.Family`) in the llama.cpp eyas runs; raises
     ConfigError saying why when that llama.cpp cannot serve the drafter, or does not read one of
     its ``options`` (EAGLE-3.1's ``norm_output``), and logs a warning when its source cannot tell."""
     from eyas.config import ConfigError
@@ -105,13 +106,13 @@ def require_served(target, family: str, options: list[str] = ()) -> Support:
     if unread:
         raise ConfigError(
             f"llama.cpp ({llamacpp.tree}) does not read {', '.join(unread)} from a drafter's config, and this "
-            f"drafter was trained with it (train.eagle3.{unread[0]}): its graph would draft from other states. "
+            f"drafter was trained with it (train.{family.name}.{unread[0]}): its graph would draft from other states. "
             "Serve it in vLLM (`eyas export CONFIG --format vllm`), or train without it"
         )
-    support = serving_support(llamacpp.tree, load_model_config(target).to_dict(), family)
+    support = serving_support(llamacpp.tree, load_model_config(target).to_dict(), family.llamacpp_arch, family.title)
     if support.serves is False:
         raise ConfigError(
-            f"llama.cpp ({llamacpp.tree}) cannot serve a {family} drafter for this target: {support.reason}. "
+            f"llama.cpp ({llamacpp.tree}) cannot serve this target's {family.title} drafter: {support.reason}. "
             "Serve it in vLLM or SGLang (`eyas export CONFIG --format vllm`), or point target.llamacpp at a "
             "llama.cpp whose graph for this architecture captures layer inputs"
         )

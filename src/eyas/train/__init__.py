@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eyas.config import Eagle3Config, RunConfig
+from eyas.config import RunConfig
 from eyas.stage import StageContract, flat
 from eyas.target import resolved_here
 
@@ -38,12 +38,6 @@ weights it ends with: checkpoints and evaluations draw no random numbers, DDP an
 the gradient of one process on the global batch, and cached states are the states computed.
 (The evaluation keys do choose the final drafter when it is the one with the best τ: see
 :func:`fingerprint`.)"""
-EAGLE3_KEYS = {"ttt_steps", "step_weight", "draft_vocab_size", "eagle3"}
-"""``train.*`` keys only EAGLE-3 reads: out of a DFlash drafter's fingerprint, so tuning EAGLE-3 in
-a run of both families never retrains DFlash."""
-FAMILY_KEYS = {"drafter", "dflash"}
-"""The keys that name and set up DFlash: out of an EAGLE-3 drafter's fingerprint, so EAGLE-3 runs
-keep the one they had before DFlash existed, and tuning DFlash never retrains EAGLE-3."""
 TAU_KEYS = {"tau_prompts", "tau_draft_tokens", "tau_new_tokens"}
 """``train.*`` keys that only measure τ during training: they choose the final drafter when it is
 the one with the best τ (:func:`selects_by_tau`) and change nothing otherwise, so
@@ -73,16 +67,18 @@ def selects_by_tau(config: RunConfig) -> bool:
 def fingerprint(config: RunConfig) -> dict:
     """Every hyperparameter the family trains with, and where the states come from: offline,
     extract's marker names the target and layers; online, this stage runs the target itself.
-    DFlash's own learning rate, when set, is the one it trains at, so ``train.lr`` is left out.
+    The keys only other families read are left out, and those the family itself leaves out
+    (:meth:`~eyas.drafter.family.Family.left_out`).
     τ's settings, and which steps are measured, count only when the final drafter is the one
     with the best τ; otherwise ``train.tau_prompts`` is 0 however many the config names, so
     turning the measurement on reads as that key going from 0."""
+    from eyas.drafter.families import FAMILIES
+
     cfg, by_tau = config.train, selects_by_tau(config)
-    left_out = SPEED_KEYS | TAU_KEYS | (EAGLE3_KEYS if cfg.drafter == "dflash" else FAMILY_KEYS)
-    if cfg.drafter == "dflash" and cfg.dflash.lr is not None:
-        left_out |= {"lr"}
-    if cfg.eagle3 == Eagle3Config():  # EAGLE-3 as published: its drafters keep the fingerprint they had
-        left_out |= {"eagle3"}
+    family = FAMILIES[cfg.drafter]
+    # Other families' own keys are out, so tuning one never retrains another.
+    others = set().union(*(f.reads for f in FAMILIES.values())) - family.reads
+    left_out = SPEED_KEYS | TAU_KEYS | others | family.left_out(cfg)
     keys = {**flat("train", cfg.model_dump(mode="json", exclude=left_out)), "extract.mode": config.extract.mode}
     if cfg.init_from:
         from eyas.drafter.layout import content_digest

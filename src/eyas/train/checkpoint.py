@@ -31,8 +31,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from eyas.drafter.layout import WEIGHTS_FILE, save_drafter
-from eyas.drafter.model import saved_only
+from eyas.drafter.families import save_weights
+from eyas.drafter.layout import WEIGHTS_FILE
+from eyas.drafter.parts import saved_only
 from eyas.files import replace_dir
 from eyas.stage import StageError, differences
 
@@ -84,11 +85,11 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def write_drafter(weights: dict[str, torch.Tensor], spec, out: Path, seal: Callable[[Path], object]) -> Path:
-    """The drafter alone (SGLang layout), written aside, sealed (``seal`` writes the stage's
+    """The drafter alone (its family's own layout), written aside, sealed (``seal`` writes the stage's
     marker into the finished directory) and swapped in whole."""
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_drafter(weights, spec, tmp)
+    save_weights(weights, spec, tmp)
     seal(tmp)
     replace_dir(tmp, out)
     return out
@@ -110,7 +111,7 @@ def save(
         return final
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_drafter(weights, drafter.spec, tmp)
+    save_weights(weights, drafter.spec, tmp)
     state = {
         "step": step,
         "optimizer": optim,

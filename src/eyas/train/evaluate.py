@@ -1,57 +1,19 @@
-"""Held-out evaluation during training: per-step loss, top-1 accuracy, simulated acceptance length.
+"""Held-out evaluation during training: per-position loss, top-1 accuracy, simulated acceptance length.
 
-The same TTT unroll as training with ground-truth tokens fed at every step, so step k's
-accuracy approximates the chance that draft k is accepted once drafts 1..k-1 were; the
-simulated acceptance length 1 + Σₖ Πᵢ≤ₖ accᵢ follows. Each rank scores its share; one
+The family's own objective as in training (a TTT unroll with ground-truth tokens fed at every
+step, or anchored blocks), so position k's accuracy approximates the chance that draft k is
+accepted once drafts 1..k-1 were; the simulated acceptance length 1 + Σₖ Πᵢ≤ₖ accᵢ follows. Each rank scores its share; one
 all-reduce at the end combines them.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
-from eyas.train.loss import StepStats, Targets, acceptance_length, needed_positions, step_stats, target_distribution
-
-
-@dataclass
-class TargetHead:
-    """What the loss needs from the target: its lm_head and the draft vocabulary."""
-
-    lm_head: torch.Tensor
-    used: torch.Tensor
-    """[V_draft] target ids of the draft vocabulary, sorted."""
-    t2d: torch.Tensor
-
-    def targets(self, batch) -> Targets:
-        return target_distribution(batch.final, self.lm_head, self.used, self.t2d, needed_positions(batch.loss_mask))
-
-
-def batch_stats(forward, drafter, batch, head: TargetHead, steps: int) -> list[StepStats]:
-    """Unroll ``forward`` (the drafter or its DDP wrapper) over a batch; per-step sums."""
-    targets = head.targets(batch)
-    return [
-        step_stats(logits, k, batch.loss_mask, targets, drafter.d2t)
-        for k, logits in enumerate(forward(batch.aux, batch.input_ids, steps))
-    ]
-
-
-@dataclass
-class TTTObjective:
-    """EAGLE-3's objective: the TTT unroll against the target's distribution, one score per step.
-    :class:`eyas.train.blocks.BlockObjective` is DFlash's; training and evaluation use either."""
-
-    head: TargetHead
-    steps: int
-
-    @property
-    def positions(self) -> int:
-        return self.steps
-
-    def stats(self, forward, drafter, batch, seeds: list[int]) -> list[StepStats]:
-        return batch_stats(forward, drafter, batch, self.head, self.steps)
+from eyas.drafter.loss import StepStats, acceptance_length
 
 
 def totals(stats: list[StepStats]) -> torch.Tensor:
@@ -93,7 +55,7 @@ def evaluate(drafter, source, objective, batch_size: int, world, autocast) -> di
         if indices is None:
             batch = replace(batch, loss_mask=torch.zeros_like(batch.loss_mask))
         with autocast():
-            # DFlash's blocks are seeded by the sample: the same ones at every evaluation.
+            # Draws (block anchors) are seeded by the sample: the same ones at every evaluation.
             sums += totals(objective.stats(drafter, drafter, batch, indices or [0]))
     drafter.train(was_training)
     return {**summarize(world.sum(sums)), "samples": len(source)}

@@ -23,8 +23,9 @@ import torch
 
 from eyas.config import ConfigError, RunConfig, TrainConfig
 from eyas.console import progress
-from eyas.drafter.families import default_mask_token, dflash_spec, new_drafter
-from eyas.drafter.spec import DrafterSpec, spec_for_target
+from eyas.drafter.families import family, new_drafter
+from eyas.drafter.family import Objective, TrainingInputs
+from eyas.drafter.spec import spec_for_target
 from eyas.drafter.vocab import build_vocab, count_answer_tokens, draft_vocab_size, load_vocab, save_vocab
 from eyas.files import recover_dir, replace_dir
 from eyas.paths import MARKER, RunPaths
@@ -33,10 +34,9 @@ from eyas.target import load_model, load_tokenizer, stop_token_ids
 from eyas.target.capture import check_aux_layers, num_decoder_layers
 from eyas.target.heads import TargetParts, from_files, from_model
 from eyas.train import CONTINUED_KEY, CONTRACT, LENGTH_KEYS, checkpoint, runs_target
-from eyas.train.blocks import BlockObjective, decay_weights
 from eyas.train.data import OfflineSource, OnlineSource, Schedule, check_sizes, read_split
 from eyas.train.distributed import World
-from eyas.train.evaluate import TargetHead, TTTObjective, evaluate, summarize, totals
+from eyas.train.evaluate import evaluate, summarize, totals
 from eyas.train.metrics import MetricsLog
 from eyas.train.plot import plot_training
 from eyas.train.tau import BEST_FILE, HeldOutDecoding, forget_later_than, unsharded_copy
@@ -92,18 +92,6 @@ def prepare_vocab(
     return d2t, t2d
 
 
-def build_dflash(config: RunConfig, base: DrafterSpec) -> tuple[DrafterSpec, BlockObjective, list[float]]:
-    """DFlash's spec (the mask token the config names, or the tokenizer's default), objective and
-    per-position loss weights."""
-    cfg = config.train.dflash
-    mask = cfg.mask_token_id
-    if mask is None:
-        tokenizer = load_tokenizer(config.target)
-        mask = default_mask_token(tokenizer, stop_token_ids(tokenizer))
-    spec = dflash_spec(base, config.train, mask)
-    return spec, BlockObjective(cfg.anchors, cfg.block_size), decay_weights(cfg.block_size, cfg.decay)
-
-
 def load_target(config: RunConfig, world: World) -> tuple[object | None, TargetParts]:
     """The target model when this process runs it (online, or for evaluation), and its head parts."""
     if runs_target(config):
@@ -122,7 +110,7 @@ def build_source(config: RunConfig, paths: RunPaths, model, world: World, starte
         num_layers = num_decoder_layers(model)
         aux_layers = started.marker["fingerprint"]["extract.aux_layers"]
         try:
-            check_aux_layers(aux_layers, num_layers, count=None if cfg.drafter == "dflash" else 3)
+            check_aux_layers(aux_layers, num_layers, count=family(cfg.drafter).aux_layer_count)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         samples = read_split(paths, "train", cfg.max_seq_len)
@@ -187,7 +175,7 @@ class Trainer:
     world: World
     paths: RunPaths
     drafter: torch.nn.Module
-    """An :class:`~eyas.drafter.model.Eagle3Drafter` or a :class:`~eyas.drafter.dflash.DFlashDrafter`."""
+    """A drafter of the run's family (:mod:`eyas.drafter.families`)."""
     forward: torch.nn.Module
     """What the step calls: the drafter, or its DDP wrapper (see :func:`parallelize`)."""
     params: list[torch.nn.Parameter]
@@ -198,7 +186,7 @@ class Trainer:
     held_out: HeldOutDecoding | None
     """What τ is measured on during training (None: not measured; final is the last step)."""
     schedule: Schedule
-    objective: TTTObjective | BlockObjective
+    objective: Objective
     total: int
     made_with: dict
     """:func:`resume_key`: what this run's checkpoints are made with."""
@@ -207,8 +195,8 @@ class Trainer:
     trained to its length in one go, one more from the step a longer run continued at
     (:data:`eyas.train.CONTINUED_KEY`)."""
     step_weights: torch.Tensor
-    """[objective.positions] float64: the weight of each TTT step's loss (``step_weight ** k``),
-    or of each DFlash block position's (``exp(-(k-1)/γ)``)."""
+    """[objective.positions] float64: the weight of each position's loss (the family's
+    :attr:`~eyas.drafter.family.Training.step_weights`)."""
     autocast: Callable
     metrics: MetricsLog = field(init=False)
     """Opened by :func:`resume`."""
@@ -228,25 +216,23 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
     eval_source = build_eval_source(config, paths, model, aux_layers, world)
     held_out = build_held_out_decoding(config, paths, model)
     base = spec_for_target(parts.config, cfg, aux_layers, parts.config.vocab_size)
-    if cfg.drafter == "dflash":
-        spec, objective, weights = build_dflash(config, base)
-    else:
-        d2t, t2d = prepare_vocab(config, paths, parts.config.vocab_size, world)
-        spec = replace(base, draft_vocab_size=d2t.shape[0])
-        used = torch.arange(d2t.shape[0], device=world.device) + d2t.to(world.device)
-        objective = TTTObjective(TargetHead(parts.lm_head, used, t2d.to(world.device)), cfg.ttt_steps)
-        weights = [cfg.step_weight**k for k in range(cfg.ttt_steps)]
+    drafter_family = family(cfg.drafter)
+    setup = drafter_family.training(
+        TrainingInputs(
+            config, base, parts.lm_head, lambda: prepare_vocab(config, paths, parts.config.vocab_size, world)
+        )
+    )
 
     torch.manual_seed(cfg.seed)
-    drafter = new_drafter(spec, parts.embedding, parts.lm_head).to(world.device)
-    if cfg.drafter == "eagle3":
-        drafter.set_vocab(d2t, t2d)
+    drafter = new_drafter(setup.spec, parts.embedding, parts.lm_head).to(world.device)
+    if setup.vocab is not None:
+        drafter.set_vocab(*setup.vocab)
     if cfg.init_from:
         warm_start(drafter, Path(cfg.init_from), parts.config.num_hidden_layers)
     drafter.train()
     forward = parallelize(drafter, cfg.parallel, world)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.peak_lr, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(params, lr=drafter_family.lr(cfg), weight_decay=cfg.weight_decay)
     schedule = Schedule(source.lengths(), cfg.batch_size, cfg.seed)
     total = math.ceil(cfg.epochs * schedule.steps_per_epoch)
     total = min(total, cfg.max_steps) if cfg.max_steps else total
@@ -264,11 +250,11 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
         eval_source=eval_source,
         held_out=held_out,
         schedule=schedule,
-        objective=objective,
+        objective=setup.objective,
         total=total,
         made_with=resume_key(started),
         schedules=[[0, total]],
-        step_weights=torch.tensor(weights, dtype=torch.float64),
+        step_weights=torch.tensor(setup.step_weights, dtype=torch.float64),
         autocast=autocast_for(world.device),
     )
 

@@ -29,7 +29,7 @@ import torch
 
 from eyas.drafter.families import new_drafter
 from eyas.speculate.decode import TargetRunner, speculative_decode
-from eyas.speculate.dflash import proposer_for
+from eyas.speculate.drafter import DrafterProposer
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class HeldOutDecoding:
         started = time.perf_counter()
         generated, passes, accepted = 0, 0, [0] * self.draft_tokens
         with TargetRunner(self.model, list(drafter.spec.aux_layers)) as runner:
-            proposer = proposer_for(drafter)
+            proposer = DrafterProposer(drafter)
             for prompt in self.prompts:
                 out = speculative_decode(runner, proposer, prompt, self.draft_tokens, self.new_tokens, self.stop_ids)
                 generated, passes = generated + len(out.tokens) - 1, passes + out.passes

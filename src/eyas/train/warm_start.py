@@ -1,6 +1,6 @@
 """Warm start (``train.init_from``): begin from a drafter already trained for this target.
 
-Any drafter eyas reads (:func:`eyas.drafter.layout.read_drafter`: its own checkpoints and
+Any drafter eyas reads (:func:`eyas.drafter.families.read_drafter`: its own checkpoints and
 exports, SpecForge/SGLang, vLLM/speculators) can seed a run when it has this run's shape: the
 same target hidden size and vocabulary, the same aux layers, the same layer sizes. Every weight
 is copied except ``lm_head``, whose rows follow the draft vocabulary.
@@ -18,10 +18,10 @@ import logging
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from eyas.config import ConfigError
-from eyas.drafter.layout import read_drafter
-from eyas.drafter.model import Eagle3Drafter
+from eyas.drafter.families import family_of, read_drafter
 from eyas.drafter.spec import DrafterSpec
 
 log = logging.getLogger(__name__)
@@ -46,8 +46,9 @@ FIX = {
 }
 
 
-def warm_start(drafter: Eagle3Drafter, source: Path, target_layers: int) -> dict:
-    """Copy ``source``'s weights into ``drafter`` (whose vocabulary is already set); returns
+def warm_start(drafter: nn.Module, source: Path, target_layers: int) -> dict:
+    """Copy ``source``'s weights into ``drafter`` (a family with a reduced vocabulary —
+    ``lm_head``, ``d2t``, ``t2d`` — already set); returns
     how many ``lm_head`` rows were carried over and how many start fresh."""
     try:
         spec, weights = read_drafter(source, target_layers)
@@ -66,6 +67,10 @@ def warm_start(drafter: Eagle3Drafter, source: Path, target_layers: int) -> dict
 
 
 def check_shape(source: DrafterSpec, wanted: DrafterSpec, where: Path) -> None:
+    if source.family != wanted.family:
+        raise ConfigError(
+            f"train.init_from: {where} holds a {family_of(source).title} drafter; this run trains {family_of(wanted).title}"
+        )
     differ = [f for f in SHAPE_FIELDS if getattr(source, f) != getattr(wanted, f)]
     if differ:
         detail = "; ".join(
@@ -75,7 +80,7 @@ def check_shape(source: DrafterSpec, wanted: DrafterSpec, where: Path) -> None:
         raise ConfigError(f"train.init_from: {where} is a drafter of another shape: {detail}")
 
 
-def carry_rows(drafter: Eagle3Drafter, spec: DrafterSpec, weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+def carry_rows(drafter: nn.Module, spec: DrafterSpec, weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
     """This run's ``lm_head``: the source's row for every target id both draft vocabularies hold,
     the drafter's fresh row for the rest."""
     source_d2t = weights.get("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.long))

@@ -1,4 +1,5 @@
-"""The DFlash drafter: a block-diffusion draft that proposes a whole block in one forward pass.
+"""DFlash: a block-diffusion drafter that proposes a whole block in one forward pass; its model,
+objective, in-process session and layout.
 
 Shape (names are the exported weight names, z-lab's ``DFlashDraftModel`` layout that vLLM,
 SGLang and llama.cpp's converter read):
@@ -16,20 +17,47 @@ it attends to every committed position < p and, non-causally, to all of itself. 
 block position j predicts the token at p+j, so one pass drafts ``block_size − 1`` tokens.
 Training (:meth:`DFlashDrafter.blocks`) and drafting (:class:`DFlashSession`) share
 :meth:`DFlashLayer.context_kv` and :meth:`DFlashLayer.forward`, so they cannot drift apart.
+
+The objective: blocks anchored at random answer positions, scored per block position.
+
+Each sample gets up to ``train.dflash.anchors`` blocks, anchored (the block's committed token)
+at positions a drawn without replacement from those whose next token is an answer token; each
+sample's draw comes from a generator seeded by the step and the sample's index, so a resumed run
+draws the same blocks and N data-parallel ranks draw what one process would. Block
+position k predicts the token at a+k against the target's own distribution there (soft
+cross-entropy, as EAGLE-3's loss in :mod:`eyas.drafter.loss`); a position past the sample's end
+or outside the answer carries no loss, and a sample with fewer candidates than anchors gets
+empty blocks, masked out.
+
+Accuracy is kept the way serving accepts a block: position k is *scored* only when positions
+1..k-1 all matched the target's greedy token, and *correct* when it matches too. So accuracy k
+is the chance draft k is accepted given the earlier ones were, and the simulated acceptance
+length 1 + Σₖ Πᵢ≤ₖ accᵢ that EAGLE-3's evaluation reports is exact for these blocks.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import shlex
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from eyas.drafter.model import DrafterWeights, attention_projections, expand_kv
+from eyas.config import ConfigError, DFlashConfig, RunConfig, TrainConfig
+from eyas.drafter.family import VLLM_SERVER, Family, Training, TrainingInputs
+from eyas.drafter.layout import llama_keys, sizes_from_keys
+from eyas.drafter.loss import StepStats
+from eyas.drafter.parts import DrafterWeights, attention_projections, expand_kv
 from eyas.drafter.spec import DrafterSpec
+from eyas.target import load_tokenizer, stop_token_ids
 
+DFLASH_ARCH = "DFlashDraftModel"
 OUTPUT_NORM_INIT = 0.1
 """Starting weight of the final norm. A fresh block position is little more than its input
 embedding, which a tied target head (SmolLM2's) maps to a logit ~60 nats above the rest at that
@@ -42,6 +70,7 @@ class DFlashSpec(DrafterSpec):
     """A drafter spec plus what makes it DFlash; ``aux_layers`` are the context-feature layers
     (any number) and ``draft_vocab_size`` is the target's (DFlash drafts over the full vocabulary)."""
 
+    family = "dflash"
     num_layers: int = 1
     block_size: int = 4
     mask_token_id: int = 0
@@ -213,6 +242,186 @@ class DFlashSession:
             x = layer(x, ck, cv, cos, sin, None)
         return d.target_head(d.norm(x))[0, 1 : 1 + d.spec.draft_length(k)]
 
-    def propose(self, k: int) -> list[int]:
-        """Up to min(k, block_size − 1) greedy drafts from one block pass."""
-        return self.block_logits(k).argmax(-1).tolist()
+    def propose(self, k: int, temperature: float = 0.0) -> tuple[list[int], None]:
+        """Up to min(k, block_size − 1) greedy drafts from one block pass (engines draft DFlash
+        blocks greedily at any temperature; verification treats them as one-hot)."""
+        return self.block_logits(k).argmax(-1).tolist(), None
+
+
+def sample_anchors(loss_mask: torch.Tensor, count: int, seeds: list[int]) -> torch.Tensor:
+    """[B,count] anchor positions (−1: no block): positions a whose token a+1 is an answer token,
+    row r's drawn with seed ``seeds[r]``."""
+    candidates = F.pad(loss_mask[:, 1:], (0, 1), value=False).cpu()
+    anchors = torch.full((loss_mask.shape[0], count), -1, dtype=torch.long)
+    for row, (allowed, seed) in enumerate(zip(candidates, seeds)):
+        where = allowed.nonzero().flatten()
+        generator = torch.Generator().manual_seed(seed)
+        picked = where[torch.randperm(where.numel(), generator=generator)[:count]]
+        anchors[row, : picked.numel()] = picked.sort().values
+    return anchors.to(loss_mask.device)
+
+
+def decay_weights(block_size: int, gamma: float) -> list[float]:
+    """exp(−(k−1)/γ) for block positions k = 1..block_size−1."""
+    return [math.exp(-(k - 1) / gamma) for k in range(1, block_size)]
+
+
+@dataclass
+class BlockObjective:
+    """What :func:`eyas.train.loop.train_step` and evaluation ask of a DFlash drafter."""
+
+    anchors: int
+    block_size: int
+
+    @property
+    def positions(self) -> int:
+        return self.block_size - 1
+
+    def stats(self, forward, drafter, batch, seeds: list[int]) -> list[StepStats]:
+        """Per block position sums over the batch; ``seeds``: one per sample, for its anchors."""
+        anchors = sample_anchors(batch.loss_mask, self.anchors, seeds)
+        logits = forward(batch.aux, batch.input_ids, anchors)
+        b, t = batch.input_ids.shape
+        where = anchors.clamp(min=0)[..., None] + torch.arange(1, self.block_size, device=anchors.device)
+        inside = (anchors[..., None] >= 0) & (where < t)
+        where = where.clamp(max=t - 1)
+        answer = batch.loss_mask.gather(1, where.view(b, -1)).view_as(where) & inside
+        with torch.no_grad():
+            # The target's distribution for the token at p comes from its final state at p−1.
+            final = batch.final.gather(1, (where - 1).view(b, -1, 1).expand(-1, -1, batch.final.shape[-1]))
+            target_logits = (final.to(drafter.target_head.weight.dtype) @ drafter.target_head.weight.T).float()
+            target_logits = target_logits.view(*where.shape, -1)
+            probs = torch.softmax(target_logits, dim=-1)
+            greedy = target_logits.argmax(-1)
+        loss = -(probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
+        hits = (logits.argmax(-1) == greedy) & answer
+        accepted_before = F.pad(hits.long().cumprod(-1), (1, 0), value=1)[..., :-1].bool()
+        return [
+            StepStats(
+                loss_sum=(loss[..., k] * answer[..., k]).sum(),
+                loss_count=answer[..., k].sum(),
+                correct=(hits[..., k] & accepted_before[..., k]).sum(),
+                scored=(answer[..., k] & accepted_before[..., k]).sum(),
+            )
+            for k in range(self.positions)
+        ]
+
+
+def dflash_config(spec: DFlashSpec, dtype: torch.dtype) -> dict[str, Any]:
+    """``config.json`` of z-lab's ``DFlashDraftModel`` layout. ``target_layer_ids`` are output-layer
+    ids (0-based), the numbering vLLM and SGLang read and llama.cpp's converter shifts by one."""
+    settings = {
+        "mask_token_id": spec.mask_token_id,
+        "target_layer_ids": list(spec.aux_layers),
+        "block_size": spec.block_size,
+    }
+    return {
+        "architectures": [DFLASH_ARCH],
+        **llama_keys(spec, dtype),
+        "model_type": "qwen3",
+        "num_hidden_layers": spec.num_layers,
+        "target_hidden_size": spec.target_hidden_size,
+        "block_size": spec.block_size,
+        "dflash_config": settings,
+    }
+
+
+def dflash_spec(base: DrafterSpec, cfg: DFlashConfig, mask_token_id: int) -> DFlashSpec:
+    """``base`` (sizes from the target and ``train.*``) as a DFlash spec over the full vocabulary."""
+    if not 0 <= mask_token_id < base.vocab_size:
+        raise ConfigError(f"train.dflash.mask_token_id: {mask_token_id} is outside the target's {base.vocab_size} ids")
+    return DFlashSpec(
+        **(base.sizes() | {"draft_vocab_size": base.vocab_size}),
+        num_layers=cfg.layers,
+        block_size=cfg.block_size,
+        mask_token_id=mask_token_id,
+    )
+
+
+def default_mask_token(tokenizer, stop_ids: set[int]) -> int:
+    """The tokenizer's mask token, else its highest-id special token that no sequence needs
+    (not a stop, BOS or pad token): the engines embed the mask with the target's own row, and
+    such a token never occurs in the text the drafter reads, so its row means nothing else."""
+    if tokenizer.mask_token_id is not None:
+        return int(tokenizer.mask_token_id)
+    needed = stop_ids | {tokenizer.bos_token_id, tokenizer.pad_token_id}
+    special = [i for i, t in tokenizer.added_tokens_decoder.items() if t.special and i not in needed]
+    if not special:
+        raise ConfigError(
+            "train.dflash.mask_token_id: the tokenizer has no mask token and no spare special token; name one"
+        )
+    return max(special)
+
+
+class DFlash(Family):
+    """DFlash: a block of drafts from one forward pass, conditioned on the target's context features."""
+
+    name = "dflash"
+    title = "DFlash"
+    architectures = (DFLASH_ARCH,)
+    aux_layer_count = None
+    reads = frozenset({"drafter", "dflash"})
+    """``drafter`` too: EAGLE-3 runs keep the fingerprint they had before DFlash existed."""
+    formats = ("sglang", "vllm", "gguf")
+    vllm_method = "dflash"
+    llamacpp_arch = "dflash"
+
+    def spec(self, base: DrafterSpec, config: RunConfig) -> DFlashSpec:
+        """Over the full vocabulary, with the mask token the config names or the tokenizer's default."""
+        cfg = config.train.dflash
+        mask = cfg.mask_token_id
+        if mask is None:
+            tokenizer = load_tokenizer(config.target)
+            mask = default_mask_token(tokenizer, stop_token_ids(tokenizer))
+        return dflash_spec(base, cfg, mask)
+
+    def new(self, spec: DFlashSpec, embedding: Tensor, lm_head: Tensor) -> DFlashDrafter:
+        return DFlashDrafter(spec, embedding, lm_head)
+
+    def training(self, inputs: TrainingInputs) -> Training:
+        cfg = inputs.config.train.dflash
+        return Training(
+            spec=self.spec(inputs.base, inputs.config),
+            objective=BlockObjective(cfg.anchors, cfg.block_size),
+            step_weights=decay_weights(cfg.block_size, cfg.decay),
+        )
+
+    def session(self, drafter: DFlashDrafter) -> DFlashSession:
+        return DFlashSession(drafter)
+
+    def config(self, spec: DFlashSpec, dtype: torch.dtype) -> dict[str, Any]:
+        return dflash_config(spec, dtype)
+
+    def read_spec(self, config: dict[str, Any], path: Path, target_layers: int | None) -> DFlashSpec:
+        settings = config["dflash_config"]
+        return DFlashSpec(
+            **sizes_from_keys(config, config, settings["target_layer_ids"]).sizes(),
+            num_layers=config["num_hidden_layers"],
+            block_size=settings.get("block_size", config.get("block_size")),
+            mask_token_id=settings["mask_token_id"],
+        )
+
+    def readme(self, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
+        """One layout (z-lab's ``DFlashDraftModel``) that SGLang and vLLM both read."""
+        vllm_config = json.dumps({"method": self.vllm_method, "model": str(directory), "num_speculative_tokens": steps})
+        return "\n".join(
+            [
+                f"# DFlash drafter for `{target}`\n\nTrained by eyas; weights in {dtype}. The token embedding and "
+                "output head are not included: servers share the target's.\n",
+                "## SGLang\n\n```bash\n"
+                f"python -m sglang.launch_server --model-path {target} --dtype {dtype} \\\n"
+                f"  --speculative-algorithm DFLASH --speculative-draft-model-path {directory}\n```\n",
+                f"## vLLM\n\n```bash\n{VLLM_SERVER} --model {target} --dtype {dtype} \\\n"
+                f"  --speculative-config {shlex.quote(vllm_config)}\n```\n",
+            ]
+        )
+
+    def lr(self, train: TrainConfig) -> float:
+        return train.dflash.lr if train.dflash.lr is not None else train.lr
+
+    def left_out(self, train: TrainConfig) -> set[str]:
+        """``train.lr`` when ``train.dflash.lr`` is the rate it trains at."""
+        return {"lr"} if train.dflash.lr is not None else set()
+
+
+DFLASH = DFlash()
