@@ -6,7 +6,7 @@ Consumes ``<run_dir>/train/final/`` (written by ``eyas train``). Produces
 
 - ``sglang`` and ``vllm``: ``LlamaForCausalLMEagle3`` with ``midlayer.*`` weights; the aux layer
   ids sit under ``eagle_config`` as output-layer ids (SGLang) and at the top level as
-  capture-before-layer ids, one higher (vLLM, llama.cpp); see :mod:`eyas.drafter.layout`.
+  capture-before-layer ids, one higher (vLLM, llama.cpp); see :mod:`eyas.drafter.families.eagle3`.
 - ``speculators``: ``Eagle3Speculator`` with ``layers.0.*`` weights, the Llama layer config under
   ``transformer_layer_config`` and a greedy proposal of ``eval.num_draft_tokens`` tokens.
 
