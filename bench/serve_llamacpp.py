@@ -77,7 +77,7 @@ def bench(config_path: Path, args: argparse.Namespace, llamacpp, work: Path) -> 
     ggufs = target_ggufs(config.target, llamacpp, "f32")
     drafter = Path(config.run_dir) / "export" / "sglang"
     drafts = {p: convert(llamacpp, drafter, work / f"draft-{p}.gguf", p, target_dir=ggufs.hf_dir) for p in PRECISIONS}
-    drafting = {_name(p, n): drafting(d, "eagle3", n) for p, d in drafts.items() for n in DRAFT_LENGTHS}
+    drafting = {_name(p, n): drafting(d, "draft-eagle3", n) for p, d in drafts.items() for n in DRAFT_LENGTHS}
     servers = {PLAIN: [], **drafting, **draftless()}
     # --no-repack everywhere: repacking quantized weights (the Q4_1 target, the q8_0 drafter) dies
     # with an illegal instruction on these CPUs; f32 weights are never repacked.

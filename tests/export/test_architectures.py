@@ -23,6 +23,7 @@ import pytest
 
 from eyas import pipeline
 from eyas.config import ConfigError, load_config
+from eyas.drafter.families import family as drafter_family
 from eyas.eval.llamacpp_engine import drafting, tie_margin
 from eyas.target.llamacpp import LlamaCppError, LlamaServer, convert, find_llamacpp, target_ggufs
 from eyas.target.llamacpp_support import serving_support
@@ -98,7 +99,12 @@ def aborts_on_first_request(view, tmp_path: Path, prompt: list[int]) -> bool:
     ggufs = target_ggufs(view.target, llamacpp, "f32")
     layout = eyas.export.export_one(view, "vllm", tmp_path / "vllm")
     draft = convert(llamacpp, layout, tmp_path / "draft.gguf", "f32", target_dir=ggufs.hf_dir)
-    args = ["-m", str(ggufs.same_precision), *drafting(draft, view.train.drafter, 2), "--no-warmup"]
+    args = [
+        "-m",
+        str(ggufs.same_precision),
+        *drafting(draft, drafter_family(view.train.drafter).llamacpp_spec_type, 2),
+        "--no-warmup",
+    ]
     with LlamaServer(llamacpp, args, tmp_path / "refused.log", 120, 2) as server:
         try:
             server.complete(prompt, NEW_TOKENS)
@@ -146,8 +152,8 @@ def test_a_tiny_target_runs_every_stage_and_llamacpp_serves_it_or_eyas_says_why_
     ]
     cells, plain, shown_abort = {}, None, False
     for view in config.drafter_views():
-        family = view.train.drafter
-        support = serving_support(find_llamacpp(None).tree, hf_config, family)
+        drafter = drafter_family(view.train.drafter)
+        support = serving_support(find_llamacpp(None).tree, hf_config, drafter.llamacpp_arch, drafter.title)
         try:
             out = eyas.export.export_one(view, "gguf")
         except ConfigError as refusal:
@@ -158,18 +164,20 @@ def test_a_tiny_target_runs_every_stage_and_llamacpp_serves_it_or_eyas_says_why_
             # The graph is the reason, whatever the family: one family's abort shows it.
             shown_abort = shown_abort or aborts_on_first_request(view, tmp_path / "refused", prompts[0])
             assert shown_abort
-            cells[family] = "refused: the graph sets no layer inputs (the server would abort)"
+            cells[drafter.name] = "refused: the graph sets no layer inputs (the server would abort)"
             continue
         except LlamaCppError as failure:
             # eyas wrote no command: llama.cpp's own converter cannot make the drafter's GGUF.
             assert "llama.cpp's converter failed" in str(failure)
-            cells[family] = f"not converted: llama.cpp's converter raises `{str(failure).splitlines()[-1].strip()}`"
+            cells[drafter.name] = (
+                f"not converted: llama.cpp's converter raises `{str(failure).splitlines()[-1].strip()}`"
+            )
             continue
         command = re.search(r"```bash\n(.+?)\n```", (out / "README.md").read_text(), re.S).group(1)
         command = command.replace("\\\n", " ")
         plain = plain or plain_outputs(command, find_llamacpp(None).server, prompts)
-        assert serves_losslessly(command, prompts, plain), (name, family, command)
-        cells[family] = "served, lossless"
+        assert serves_losslessly(command, prompts, plain), (name, drafter.name, command)
+        cells[drafter.name] = "served, lossless"
     row = (
         f"| {name} | `{hf_config['architectures'][0]}` | `{support.architecture}` (`{support.graph}`) | ran | "
         + " | ".join(cells[f] for f in FAMILIES)

@@ -96,7 +96,9 @@ class Family(ABC):
     vllm_method: ClassVar[str]
     """vLLM's ``speculative_config.method``."""
     llamacpp_arch: ClassVar[str]
-    """llama.cpp's architecture for the drafter's GGUF, served as ``--spec-type draft-<arch>``."""
+    """llama.cpp's GGUF architecture for the drafter (which the target's graph must feed)."""
+    llamacpp_spec_type: ClassVar[str]
+    """``llama-server --spec-type`` that serves it."""
     broken_control: ClassVar[bool] = False
     """Whether eval adds the control that feeds the aux layers in the wrong order."""
 

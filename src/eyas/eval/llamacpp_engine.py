@@ -50,7 +50,7 @@ NGRAM_TYPES = ("ngram-mod", "ngram-simple")
 def configurations(draft: Path, k: int, family) -> dict[str, list[str]]:
     """Name -> the ``llama-server`` arguments that make it, ``k`` the drafter's draft length;
     ``family``: the drafter's (:class:`eyas.drafter.family.Family`), whose name the rows carry."""
-    drafted = {f"{family.name}, n={n}": drafting(draft, family.llamacpp_arch, n) for n in range(1, k + 1)}
+    drafted = {f"{family.name}, n={n}": drafting(draft, family.llamacpp_spec_type, n) for n in range(1, k + 1)}
     return {PLAIN: [], **drafted, **draftless()}
 
 
@@ -64,10 +64,10 @@ def draftless() -> dict[str, list[str]]:
     return {name: ["--spec-type", name] for name in NGRAM_TYPES}
 
 
-def drafting(draft: Path, arch: str, n: int) -> list[str]:
-    """The ``llama-server`` arguments that serve ``draft`` (a GGUF of drafter architecture ``arch``,
-    ``eagle3`` or ``dflash``) drafting ``n`` tokens."""
-    return ["-md", str(draft), "--spec-type", f"draft-{arch}", "--spec-draft-n-max", str(n)]
+def drafting(draft: Path, spec_type: str, n: int) -> list[str]:
+    """The ``llama-server`` arguments that serve ``draft`` with ``--spec-type spec_type`` (a
+    family's :attr:`~eyas.drafter.family.Family.llamacpp_spec_type`) drafting ``n`` tokens."""
+    return ["-md", str(draft), "--spec-type", spec_type, "--spec-draft-n-max", str(n)]
 
 
 def server_threads() -> int:

@@ -45,16 +45,16 @@ def write_gguf(target: TargetConfig, weights: dict, spec, dtype: torch.dtype, tm
         out / DRAFT_GGUF,
         outtype,
         steps,
-        family.llamacpp_arch,
+        family.llamacpp_spec_type,
         family.title,
     )
 
 
 def gguf_readme(
-    server: Path, target: Path, shipped: Path | None, draft: Path, outtype: str, steps: int, arch: str, title: str
+    server: Path, target: Path, shipped: Path | None, draft: Path, outtype: str, steps: int, spec_type: str, title: str
 ) -> str:
-    """``arch``: the drafter's llama.cpp architecture (``--spec-type draft-<arch>``); ``title``: its family in prose."""
-    serve = f"--spec-type draft-{arch} --spec-draft-n-max {steps} -md {draft}"
+    """``spec_type``: the ``--spec-type`` that serves the drafter; ``title``: its family in prose."""
+    serve = f"--spec-type {spec_type} --spec-draft-n-max {steps} -md {draft}"
     sections = [
         f"# {title} drafter for llama.cpp\n\nTrained by eyas, converted by llama.cpp's own converter; drafter "
         f"and target in {outtype}, so greedy outputs are the target's own with or without the draft.\n",

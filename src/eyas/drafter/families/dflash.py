@@ -365,6 +365,7 @@ class DFlash(Family):
     formats = ("sglang", "vllm", "gguf")
     vllm_method = "dflash"
     llamacpp_arch = "dflash"
+    llamacpp_spec_type = "draft-dflash"
 
     def spec(self, base: DrafterSpec, config: RunConfig) -> DFlashSpec:
         """Over the full vocabulary, with the mask token the config names or the tokenizer's default."""

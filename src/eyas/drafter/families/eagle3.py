@@ -407,6 +407,7 @@ class Eagle3(Family):
     formats = ("sglang", "vllm", "speculators", "gguf")
     vllm_method = "eagle3"
     llamacpp_arch = "eagle3"
+    llamacpp_spec_type = "draft-eagle3"
     broken_control = True
 
     def spec(self, base: DrafterSpec, config: RunConfig) -> Eagle3Spec:
