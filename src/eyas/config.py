@@ -31,7 +31,7 @@ class Section(BaseModel):
 
 
 EMBEDDED_TARGET = "embedded"
-DrafterFamily = Literal["eagle3", "dflash"]
+DrafterFamily = Literal["eagle3", "dflash", "dspark"]
 
 
 class TargetConfig(Section):
@@ -336,6 +336,29 @@ class DFlashConfig(Section):
     """DFlash's own AdamW peak learning rate, for a run that trains both families; default `train.lr`. On the demo corpus DFlash trains at 2e-3 where EAGLE-3 trains at 6e-4 (at 6e-4 it had not left its first plateau by step 114)."""
 
 
+class DSparkConfig(Section):
+    """A DSpark drafter (``train.drafter: dspark``): DFlash's block backbone plus a low-rank Markov head and a confidence head, as DeepSpec defines it."""
+
+    layers: int = Field(default=1, ge=1)
+    """Decoder layers of the draft (DeepSpec's Qwen3-4B drafter has 5)."""
+    block_size: int = Field(default=4, ge=2, le=16)
+    """Tokens per block, all drafted by one forward pass: block position k predicts the token after position a+k (DeepSpec's `sample_from_anchor`), so a block drafts block_size tokens, one more than DFlash's."""
+    mask_token_id: int | None = None
+    """As `train.dflash.mask_token_id`."""
+    anchors: int = Field(default=16, ge=1)
+    """Blocks per training sample, anchored at random positions inside the answer."""
+    decay: float = Field(default=4.0, gt=0.0)
+    """γ of the loss weight exp(-k/γ) of block position k = 0..block_size-1 (DeepSpec's 4)."""
+    markov_rank: int = Field(default=256, ge=1)
+    """Rank R of the Markov head: each block position's logits are biased by W2·W1[previous token] (W1: target vocabulary × R, W2: R × draft vocabulary; DeepSpec's 256)."""
+    confidence_head: bool = True
+    """Train the head that predicts, per block position, the chance its draft is accepted (`llama-server --spec-draft-p-min` cuts a block at the first position below it)."""
+    confidence_weight: float = Field(default=1.0, ge=0.0)
+    """Weight of the confidence head's loss: binary cross-entropy against the position's acceptance rate 1 − ½‖p_draft − p_target‖₁ (DeepSpec's 1.0)."""
+    lr: float | None = Field(default=None, gt=0.0)
+    """DSpark's own AdamW peak learning rate, for a run that trains several families; default `train.lr`."""
+
+
 class Eagle3Config(Section):
     """EAGLE-3's optional normalisations; both on is EAGLE-3.1 as speculators (PR 610), SpecForge and
     NeMo train it. Both off (the default) is EAGLE-3 as published."""
@@ -348,8 +371,10 @@ class Eagle3Config(Section):
 
 class TrainConfig(Section):
     drafter: DrafterFamily | list[DrafterFamily] = "eagle3"
-    """Drafter family: `eagle3` (one layer, chain drafting with training-time test) or `dflash` (a block of drafts per pass, see `train.dflash`). DFlash reads the layers `extract.aux_layers` names (any number) as its context features, so both families train from the same extracted states. A list (`[eagle3, dflash]`) trains, exports and evaluates each from the one corpus and extraction, in `<run_dir>/<family>/`, and eval ends by saying which decodes faster (`<run_dir>/families.json`)."""
+    """Drafter family: `eagle3` (one layer, chain drafting with training-time test), `dflash` (a block of drafts per pass, see `train.dflash`) or `dspark` (DFlash's block plus a Markov head and a confidence head, see `train.dspark`). DFlash and DSpark read the layers `extract.aux_layers` names (any number) as its context features, so every family trains from the same extracted states. A list (`[eagle3, dflash, dspark]`) trains, exports and evaluates each from the one corpus and extraction, in `<run_dir>/<family>/`, and eval ends by saying which decodes faster (`<run_dir>/families.json`)."""
     dflash: DFlashConfig = DFlashConfig()
+    dspark: DSparkConfig = DSparkConfig()
+    """DSpark's own settings; its draft vocabulary is `train.draft_vocab_size`'s, as EAGLE-3's."""
     eagle3: Eagle3Config = Eagle3Config()
     """EAGLE-3's own options (`{norm_before_fc: true, norm_output: true}` trains EAGLE-3.1)."""
     ttt_steps: int = Field(default=7, ge=1)
@@ -421,9 +446,10 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _warm_start_is_eagle3(self) -> TrainConfig:
-        if "dflash" in self.families and self.init_from:
+        block = [f for f in self.families if f in ("dflash", "dspark")]
+        if block and self.init_from:
             raise ValueError(
-                "init_from: warm start loads EAGLE-3 drafters; a DFlash drafter trains from random weights"
+                f"init_from: warm start loads EAGLE-3 drafters; a {block[0]} drafter trains from random weights"
             )
         return self
 

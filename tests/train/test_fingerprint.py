@@ -64,6 +64,28 @@ def test_eagle3_1_options_retrain_eagle3_only_and_leave_eagle3_drafters_current(
     assert status(tmp_path / "dflash", drafter="dflash", eagle3={"norm_output": True}).status == "current"
 
 
+def test_each_family_reads_only_its_own_settings(tmp_path):
+    """DSpark's settings leave EAGLE-3 and DFlash drafters current, and theirs leave DSpark's;
+    ``train.draft_vocab_size``, which EAGLE-3 and DSpark both read, retrains both."""
+    for family in ("eagle3", "dflash", "dspark"):
+        finished(tmp_path / family, drafter=family)
+        for other, setting in {
+            "dflash": {"layers": 2},
+            "dspark": {"markov_rank": 8},
+            "eagle3": {"norm_output": True},
+        }.items():
+            if other != family:
+                assert status(tmp_path / family, drafter=family, **{other: setting}).status == "current", (
+                    family,
+                    other,
+                )
+    assert status(tmp_path / "dspark", drafter="dspark", dspark={"markov_rank": 8}).changes == [
+        "train.dspark.markov_rank: 256 → 8"
+    ]
+    for family, stale in (("eagle3", True), ("dflash", False), ("dspark", True)):
+        assert (status(tmp_path / family, drafter=family, draft_vocab_size=64).status == "stale") is stale, family
+
+
 def test_a_continued_drafter_is_adopted_when_the_run_gains_a_family(tmp_path):
     """A continued drafter's marker holds ``train.continued``, which no config sets: the check
     that moves the drafter to ``<run_dir>/eagle3/`` compares it as ``eyas status`` does, so the

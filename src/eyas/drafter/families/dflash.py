@@ -174,10 +174,10 @@ class DFlashDrafter(DrafterWeights, nn.Module):
             x = layer(x, k, v, cos, sin, mask)
         return self.norm(x)
 
-    def blocks(self, features: Tensor, input_ids: Tensor, anchors: Tensor) -> Tensor:
-        """Training: draft logits [B,N,block_size−1,V] for blocks anchored at ``anchors`` [B,N]
-        (position of each block's committed token; −1: no block), all in one pass. Block n sees
-        the context before its anchor and the whole of itself, as in serving."""
+    def block_hidden(self, features: Tensor, input_ids: Tensor, anchors: Tensor) -> Tensor:
+        """Training: the normed hidden states [B,N,block_size,H] of blocks anchored at ``anchors``
+        [B,N] (position of each block's committed token; −1: no block), all in one pass. Block n
+        sees the context before its anchor and the whole of itself, as in serving."""
         b, t = input_ids.shape
         n, size = anchors.shape[1], self.spec.block_size
         valid = anchors >= 0
@@ -192,7 +192,11 @@ class DFlashDrafter(DrafterWeights, nn.Module):
         sees_block = (block_of[:, None] == block_of[None, :]).expand(b, -1, -1)
         mask = torch.cat([sees_context, sees_block], dim=-1)[:, None]
         hidden = self.run_layers(x, self.context(features), context_pos, block_pos, mask)
-        return self.target_head(hidden.view(b, n, size, -1)[:, :, 1:])
+        return hidden.view(b, n, size, -1)
+
+    def blocks(self, features: Tensor, input_ids: Tensor, anchors: Tensor) -> Tensor:
+        """Training: draft logits [B,N,block_size−1,V]; block position k ≥ 1 predicts the token at a+k."""
+        return self.target_head(self.block_hidden(features, input_ids, anchors)[:, :, 1:])
 
     def forward(self, features: Tensor, input_ids: Tensor, anchors: Tensor) -> Tensor:
         """:meth:`blocks` (what DDP wraps)."""
@@ -230,8 +234,8 @@ class DFlashSession:
         self.last_token = int(next_tokens[-1])
 
     @torch.no_grad()
-    def block_logits(self, k: int) -> Tensor:
-        """Logits [min(k, block_size − 1), V] of one block pass after the committed positions."""
+    def block_hidden(self) -> Tensor:
+        """The normed hidden states [block_size, H] of one block pass after the committed positions."""
         if self.last_token is None:
             raise RuntimeError("propose() needs at least one append() first")
         d = self.drafter
@@ -240,7 +244,11 @@ class DFlashSession:
         cos, sin = d.rotary(x, torch.arange(self.length, self.length + d.spec.block_size, device=device)[None])
         for layer, (ck, cv) in zip(d.layers, self._kv):
             x = layer(x, ck, cv, cos, sin, None)
-        return d.target_head(d.norm(x))[0, 1 : 1 + d.spec.draft_length(k)]
+        return d.norm(x)[0]
+
+    def block_logits(self, k: int) -> Tensor:
+        """Logits [min(k, block_size − 1), V] of one block pass after the committed positions."""
+        return self.drafter.target_head(self.block_hidden()[1 : 1 + self.drafter.spec.draft_length(k)])
 
     def propose(self, k: int, temperature: float = 0.0) -> tuple[list[int], None]:
         """Up to min(k, block_size − 1) greedy drafts from one block pass (engines draft DFlash
@@ -281,30 +289,41 @@ class BlockObjective:
         """Per block position sums over the batch; ``seeds``: one per sample, for its anchors."""
         anchors = sample_anchors(batch.loss_mask, self.anchors, seeds)
         logits = forward(batch.aux, batch.input_ids, anchors)
-        b, t = batch.input_ids.shape
-        where = anchors.clamp(min=0)[..., None] + torch.arange(1, self.block_size, device=anchors.device)
-        inside = (anchors[..., None] >= 0) & (where < t)
-        where = where.clamp(max=t - 1)
-        answer = batch.loss_mask.gather(1, where.view(b, -1)).view_as(where) & inside
-        with torch.no_grad():
-            # The target's distribution for the token at p comes from its final state at p−1.
-            final = batch.final.gather(1, (where - 1).view(b, -1, 1).expand(-1, -1, batch.final.shape[-1]))
-            target_logits = (final.to(drafter.target_head.weight.dtype) @ drafter.target_head.weight.T).float()
-            target_logits = target_logits.view(*where.shape, -1)
-            probs = torch.softmax(target_logits, dim=-1)
-            greedy = target_logits.argmax(-1)
+        answer, target_logits = block_labels(batch, anchors, self.positions, drafter.target_head.weight)
+        probs = torch.softmax(target_logits, dim=-1)
         loss = -(probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
-        hits = (logits.argmax(-1) == greedy) & answer
-        accepted_before = F.pad(hits.long().cumprod(-1), (1, 0), value=1)[..., :-1].bool()
-        return [
-            StepStats(
-                loss_sum=(loss[..., k] * answer[..., k]).sum(),
-                loss_count=answer[..., k].sum(),
-                correct=(hits[..., k] & accepted_before[..., k]).sum(),
-                scored=(answer[..., k] & accepted_before[..., k]).sum(),
-            )
-            for k in range(self.positions)
-        ]
+        hits = (logits.argmax(-1) == target_logits.argmax(-1)) & answer
+        return block_stats(loss, answer, hits, answer)
+
+
+def block_labels(batch, anchors: Tensor, count: int, head: Tensor) -> tuple[Tensor, Tensor]:
+    """What the blocks anchored at ``anchors`` [B,N] predict, the tokens at a+1 … a+count: whether
+    each is an answer token inside its sample [B,N,count], and the target's logits for it
+    [B,N,count,V] (float32, no gradient) from its final state one position earlier, through ``head``."""
+    b, t = batch.input_ids.shape
+    where = anchors.clamp(min=0)[..., None] + torch.arange(1, count + 1, device=anchors.device)
+    inside = (anchors[..., None] >= 0) & (where < t)
+    where = where.clamp(max=t - 1)
+    answer = batch.loss_mask.gather(1, where.view(b, -1)).view_as(where) & inside
+    with torch.no_grad():
+        final = batch.final.gather(1, (where - 1).view(b, -1, 1).expand(-1, -1, batch.final.shape[-1]))
+        target_logits = (final.to(head.dtype) @ head.T).float().view(*where.shape, -1)
+    return answer, target_logits
+
+
+def block_stats(loss: Tensor, trained: Tensor, hits: Tensor, answer: Tensor) -> list[StepStats]:
+    """Per block position sums: ``loss`` where ``trained``, and accuracy the way serving accepts a
+    block — position k scored only when every earlier position hit."""
+    accepted_before = F.pad(hits.long().cumprod(-1), (1, 0), value=1)[..., :-1].bool()
+    return [
+        StepStats(
+            loss_sum=(loss[..., k] * trained[..., k]).sum(),
+            loss_count=trained[..., k].sum(),
+            correct=(hits[..., k] & accepted_before[..., k]).sum(),
+            scored=(answer[..., k] & accepted_before[..., k]).sum(),
+        )
+        for k in range(loss.shape[-1])
+    ]
 
 
 def dflash_config(spec: DFlashSpec, dtype: torch.dtype) -> dict[str, Any]:
@@ -326,10 +345,11 @@ def dflash_config(spec: DFlashSpec, dtype: torch.dtype) -> dict[str, Any]:
     }
 
 
-def dflash_spec(base: DrafterSpec, cfg: DFlashConfig, mask_token_id: int) -> DFlashSpec:
-    """``base`` (sizes from the target and ``train.*``) as a DFlash spec over the full vocabulary."""
+def dflash_spec(base: DrafterSpec, cfg: DFlashConfig, mask_token_id: int, section: str = "train.dflash") -> DFlashSpec:
+    """``base`` (sizes from the target and ``train.*``) as a DFlash spec over the full vocabulary
+    (``cfg``: ``train.dflash``, or the ``section`` of another family with its block settings)."""
     if not 0 <= mask_token_id < base.vocab_size:
-        raise ConfigError(f"train.dflash.mask_token_id: {mask_token_id} is outside the target's {base.vocab_size} ids")
+        raise ConfigError(f"{section}.mask_token_id: {mask_token_id} is outside the target's {base.vocab_size} ids")
     return DFlashSpec(
         **(base.sizes() | {"draft_vocab_size": base.vocab_size}),
         num_layers=cfg.layers,
@@ -370,11 +390,14 @@ class DFlash(Family):
     def spec(self, base: DrafterSpec, config: RunConfig) -> DFlashSpec:
         """Over the full vocabulary, with the mask token the config names or the tokenizer's default."""
         cfg = config.train.dflash
-        mask = cfg.mask_token_id
-        if mask is None:
-            tokenizer = load_tokenizer(config.target)
-            mask = default_mask_token(tokenizer, stop_token_ids(tokenizer))
-        return dflash_spec(base, cfg, mask)
+        return dflash_spec(base, cfg, self.mask_token(cfg, config))
+
+    def mask_token(self, cfg: DFlashConfig, config: RunConfig) -> int:
+        """``cfg.mask_token_id``, else the tokenizer's default (:func:`default_mask_token`)."""
+        if cfg.mask_token_id is not None:
+            return cfg.mask_token_id
+        tokenizer = load_tokenizer(config.target)
+        return default_mask_token(tokenizer, stop_token_ids(tokenizer))
 
     def new(self, spec: DFlashSpec, embedding: Tensor, lm_head: Tensor) -> DFlashDrafter:
         return DFlashDrafter(spec, embedding, lm_head)
