@@ -1,4 +1,4 @@
-"""EAGLE-3 against DFlash on one corpus and one CPU budget: held-out τ and the llama.cpp speed-up.
+"""The drafter families (EAGLE-3, DFlash, DSpark) on one corpus and one CPU budget: held-out τ and the llama.cpp speed-up.
 
 Both drafters train online (states cached) on the merged corpus of a run whose merge is done
 (``--run CONFIG``; ``make demo`` leaves ``runs/demo/demo.yaml``), one after the other in one
@@ -6,7 +6,7 @@ process, each for the config's own steps and batch. Each row then goes through `
 with ``engine: llamacpp``: eyas's own speculative decoder on the merge's held-out prompts (τ,
 greedy, lossless check), then the GGUF export in ``llama-server`` beside plain decoding and
 llama.cpp's n-gram speculation, at draft lengths 1 … ``eval.num_draft_tokens`` (a DFlash drafter
-drafts at most its block size − 1 per pass). Speed-ups are medians over the config's
+drafts at most its block size − 1 per pass, a DSpark one its block size). Speed-ups are medians over the config's
 ``eval.llamacpp_repeats`` rounds, measured side by side, so they compare across rows; run
 nothing else on the machine meanwhile.
 
@@ -32,6 +32,7 @@ ROWS: dict[str, dict] = {
     "EAGLE-3": {"drafter": "eagle3"},
     "DFlash, 1 layer": {"drafter": "dflash", "dflash": {"layers": 1, "block_size": 4, "anchors": 48}, "lr": 2e-3},
     "DFlash, 2 layers": {"drafter": "dflash", "dflash": {"layers": 2, "block_size": 4, "anchors": 48}, "lr": 2e-3},
+    "DSpark, 1 layer": {"drafter": "dspark", "dspark": {"layers": 1, "block_size": 4, "anchors": 48}, "lr": 2e-3},
 }
 """Row name → changes to the config's train section."""
 

@@ -336,17 +336,11 @@ class DFlashConfig(Section):
     """DFlash's own AdamW peak learning rate, for a run that trains both families; default `train.lr`. On the demo corpus DFlash trains at 2e-3 where EAGLE-3 trains at 6e-4 (at 6e-4 it had not left its first plateau by step 114)."""
 
 
-class DSparkConfig(Section):
-    """A DSpark drafter (``train.drafter: dspark``): DFlash's block backbone plus a low-rank Markov head and a confidence head, as DeepSpec defines it."""
+class DSparkConfig(DFlashConfig):
+    """A DSpark drafter (``train.drafter: dspark``): DFlash's block backbone plus a low-rank Markov head and a confidence head, as DeepSpec defines it; `layers`, `mask_token_id` and `anchors` as DFlash's."""
 
-    layers: int = Field(default=1, ge=1)
-    """Decoder layers of the draft (DeepSpec's Qwen3-4B drafter has 5)."""
     block_size: int = Field(default=4, ge=2, le=16)
     """Tokens per block, all drafted by one forward pass: block position k predicts the token after position a+k (DeepSpec's `sample_from_anchor`), so a block drafts block_size tokens, one more than DFlash's."""
-    mask_token_id: int | None = None
-    """As `train.dflash.mask_token_id`."""
-    anchors: int = Field(default=16, ge=1)
-    """Blocks per training sample, anchored at random positions inside the answer."""
     decay: float = Field(default=4.0, gt=0.0)
     """γ of the loss weight exp(-k/γ) of block position k = 0..block_size-1 (DeepSpec's 4)."""
     markov_rank: int = Field(default=256, ge=1)

@@ -32,3 +32,10 @@ def overfit_dflash_drafter(model, overfit):
     """A DFlash drafter (block size 4) trained on the same three continuations."""
     prompts, greedy, _, _ = overfit
     return overfit_dflash(model, prompts, greedy)
+
+
+@pytest.fixture(scope="session")
+def overfit_dspark_drafter(model, overfit):
+    """A DSpark drafter (block size 4, reduced vocabulary, confidence head) trained on the same three continuations."""
+    prompts, greedy, _, _ = overfit
+    return overfit_dflash(model, prompts, greedy, dspark=True)

@@ -94,11 +94,20 @@ def engine_eval_config(root: Path, drafter, eval_settings: str, num_draft_tokens
 
 
 def overfit_dflash(
-    model, prompts: list[list[int]], answers: list[list[int]], steps: int = 100, block_size: int = 4, seed: int = 0
+    model,
+    prompts: list[list[int]],
+    answers: list[list[int]],
+    steps: int = 100,
+    block_size: int = 4,
+    seed: int = 0,
+    dspark: bool = False,
 ):
-    """A DFlash drafter overfit on ``answers`` to ``prompts`` with training's own objective (blocks
-    anchored inside the answers), for tests that need one that is accepted."""
+    """A DFlash drafter (a DSpark one with ``dspark``: over a draft vocabulary of the tokens the
+    sequences and the target's greedy choices use, with the confidence head) overfit on
+    ``answers`` to ``prompts`` with training's own objective (blocks anchored inside the
+    answers), for tests that need one that is accepted."""
     from eyas.drafter.families.dflash import BlockObjective, DFlashDrafter, dflash_spec
+    from eyas.drafter.families.dspark import DSparkDrafter, DSparkObjective, DSparkSpec
     from eyas.train.data import Batch
 
     torch.manual_seed(seed)
@@ -111,11 +120,25 @@ def overfit_dflash(
     captured = capture(model, ids, aux_layers=aux_layers)
     batch = Batch(ids, loss_mask, captured.aux.clone(), captured.final.clone(), int(loss_mask.sum()))
     train = TrainConfig(intermediate_size=512, dflash={"block_size": block_size})
-    base = spec_for_target(model.config, train, aux_layers, model.config.vocab_size)
-    drafter = DFlashDrafter(
-        dflash_spec(base, train.dflash, 16), model.get_input_embeddings().weight, model.lm_head.weight
-    )
-    objective = BlockObjective(anchors=OVERFIT_NEW, block_size=block_size)
+    vocab = model.config.vocab_size
+    base = spec_for_target(model.config, train, aux_layers, vocab)
+    spec = dflash_spec(base, train.dflash, 16)
+    embedding, head = model.get_input_embeddings().weight, model.lm_head.weight
+    if dspark:
+        with torch.no_grad():
+            greedy = model.lm_head(captured.final).argmax(-1)
+        used = torch.unique(torch.cat([ids.flatten(), greedy.flatten()]))
+        spec = DSparkSpec(
+            **(spec.sizes() | {"draft_vocab_size": len(used)}), block_size=block_size, mask_token_id=16, markov_rank=32
+        )
+        drafter = DSparkDrafter(spec, embedding, head)
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[used] = True
+        drafter.set_vocab(used - torch.arange(len(used)), t2d)
+        objective = DSparkObjective(OVERFIT_NEW, block_size, used, t2d, 1.0)
+    else:
+        drafter = DFlashDrafter(spec, embedding, head)
+        objective = BlockObjective(anchors=OVERFIT_NEW, block_size=block_size)
     optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=2e-3)
     drafter.train()
     for step in range(steps):

@@ -79,28 +79,36 @@ def test_eval_in_llamacpp_measures_speed_and_agrees_with_eyas(overfit, tmp_path)
     assert again["llamacpp"]["plain"] == section["plain"], "a rerun reads the measured figures back"
 
 
-def test_a_dflash_export_serves_in_llamacpp_losslessly_and_accepts_what_eyas_measures(overfit_dflash_drafter, tmp_path):
-    """Asked for 5 draft tokens, a drafter of block size 4 is served and measured at its 3, as the
-    export's README serves it (no row is a longer draft in name only: llama.cpp would clamp it)."""
+@pytest.mark.parametrize("family", ["dflash", "dspark"])
+def test_a_block_drafter_export_serves_in_llamacpp_losslessly_and_accepts_what_eyas_measures(family, request, tmp_path):
+    """Asked for 5 draft tokens, a drafter of block size 4 is served and measured at what one
+    block drafts — DFlash's 3, DSpark's 4 (every position drafts) — as the export's README serves
+    it (no row is a longer draft in name only: llama.cpp would clamp it). The DSpark drafter has
+    a reduced vocabulary and its Markov and confidence heads: llama.cpp's converter takes it as
+    written (``d2t`` included), and ``draft-dspark`` chains the Markov head as eyas's decoder does."""
     import eyas.export
     from eyas import eval as stage
 
+    drafter = request.getfixturevalue(f"overfit_{family}_drafter")
+    per_block = drafter.spec.draft_length(5)
     run_dir = tmp_path / "trained"
-    save_drafter(overfit_dflash_drafter, run_dir / "train" / "final")
-    out = eyas.export.export_one(load_tiny(run_dir, drafter="dflash"), "gguf")
-    assert "--spec-type draft-dflash --spec-draft-n-max 3" in (out / "README.md").read_text()
+    save_drafter(drafter, run_dir / "train" / "final")
+    out = eyas.export.export_one(load_tiny(run_dir, drafter=family), "gguf")
+    assert f"--spec-type draft-{family} --spec-draft-n-max 3" in (out / "README.md").read_text()
 
-    config = engine_eval_config(tmp_path, overfit_dflash_drafter, "engine: llamacpp, llamacpp_repeats: 1", 5)
+    config = engine_eval_config(tmp_path, drafter, "engine: llamacpp, llamacpp_repeats: 1", 5)
     report = stage.run(load_config(config), quiet=True)
     section = report["llamacpp"]
-    assert list(section["methods"]) == ["dflash, n=1", "dflash, n=2", "dflash, n=3", "ngram-mod", "ngram-simple"]
+    drafted = [f"{family}, n={n}" for n in range(1, per_block + 1)]
+    assert list(section["methods"]) == [*drafted, "ngram-mod", "ngram-simple"]
     for name, m in section["methods"].items():
         assert m["lossless"] == {"checked": 3, "identical": 3, "float_ties": [], "mismatched": []}, name
-    eyas_tau = report["methods"]["dflash"]["tau"]
+    eyas_tau = report["methods"][family]["tau"]
     assert eyas_tau > 1.5, "the overfit drafter is accepted in eyas's own decoder"
     # As for EAGLE-3: llama.cpp counts each prompt's last round's drafts past n_predict.
-    difference = section["methods"]["dflash, n=3"]["tau"] - eyas_tau
-    assert -0.02 <= difference <= 0.02 + 3 * len(TEXTS) / report["methods"]["dflash"]["target_passes"], difference
+    difference = section["methods"][drafted[-1]]["tau"] - eyas_tau
+    slack = per_block * len(TEXTS) / report["methods"][family]["target_passes"]
+    assert -0.02 <= difference <= 0.02 + slack, difference
 
 
 def test_eagle3_1_with_norm_before_fc_serves_in_llamacpp_and_norm_output_is_refused(model, overfit, tmp_path):

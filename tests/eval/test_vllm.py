@@ -259,3 +259,15 @@ def _drafts(base: str) -> float:
     metrics = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
     lines = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts_total")]
     return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
+
+
+def test_a_dspark_drafter_is_refused_before_vllm_starts_where_there_is_no_gpu(tmp_path, model):
+    """vLLM drafts with DSpark in its GPU model runner only: on a CPU machine eyas says so, and
+    names the engine that serves it here, instead of loading the target for vLLM to refuse."""
+    from eyas import eval as stage
+    from eyas.config import ConfigError, load_config
+    from tests.train.test_dspark import random_dspark
+
+    config = engine_eval_config(tmp_path, random_dspark(model), "engine: vllm")
+    with pytest.raises(ConfigError, match=r"GPU model runner only.*--engine llamacpp"):
+        stage.run(load_config(config), quiet=True)

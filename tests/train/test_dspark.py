@@ -5,11 +5,13 @@ confidence target."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+import eyas.train
 from eyas.config import ConfigError, TrainConfig, parse_config
 from eyas.drafter.families import DSPARK, family_at, load_drafter, read_drafter, save_drafter
 from eyas.drafter.families.dflash import dflash_spec
@@ -18,6 +20,8 @@ from eyas.drafter.layout import CONFIG_FILE
 from eyas.drafter.spec import spec_for_target
 from eyas.target.capture import capture, default_aux_layers, num_decoder_layers
 from eyas.train.data import Batch
+from eyas.train.metrics import read_metrics
+from tests.train.conftest import copy_run, load_tiny
 
 DRAFT_VOCAB = 600
 
@@ -132,3 +136,37 @@ def test_dspark_settings_that_cannot_work_are_refused_by_key(tmp_path):
         parse_config({**base, "train": {"drafter": "dspark", "init_from": "elsewhere"}})
     with pytest.raises(ConfigError, match=r"train\.dspark\.markov_rank"):
         parse_config({**base, "train": {"drafter": "dspark", "dspark": {"markov_rank": 0}}})
+
+
+@pytest.mark.slow
+def test_a_dspark_run_trains_over_its_draft_vocabulary_and_resumes_bit_for_bit(merged_run, tmp_path):
+    """Through the train stage: the draft vocabulary counted from the answers (d2t in the drafter),
+    one figure per block position, its own learning rate, and an exact resume."""
+    other = copy_run(merged_run, tmp_path / "resumed")
+    settings = {
+        "drafter": "dspark",
+        "draft_vocab_size": 512,
+        "dspark": {"block_size": 3, "anchors": 4, "markov_rank": 16, "lr": 3e-3},
+        "lr": 1e-4,
+        "max_steps": 4,
+        "epochs": 10.0,
+        "checkpoint_every": 2,
+        "tau_prompts": 1,
+        "eval_every": 2,
+    }
+    eyas.train.run(load_tiny(merged_run, **settings), quiet=True)
+    straight = read_metrics(merged_run / "train" / "metrics.jsonl")
+    assert all(len(r["acc"]) == 3 for r in straight if r["split"] == "train"), "every block position drafts"
+    assert max(r["lr"] for r in straight if r["split"] == "train") > 1e-3, "DSpark trains at train.dspark.lr"
+    final = merged_run / "train" / "final"
+    spec, weights = read_drafter(final)
+    assert family_at(final) is DSPARK and spec.draft_vocab_size == 512 and weights["d2t"].shape == (512,)
+
+    eyas.train.run(load_tiny(other, **settings), quiet=True, stop_after=3)
+    shutil.rmtree(other / "train" / "checkpoints" / "step-00000003")
+    eyas.train.run(load_tiny(other, **settings), quiet=True)
+    resumed = read_metrics(other / "train" / "metrics.jsonl")
+    rows = [(r["step"], r["loss"], r["lr"]) for r in straight if r["split"] == "train"]
+    assert rows == [(r["step"], r["loss"], r["lr"]) for r in resumed if r["split"] == "train"]
+    again = load_file(str(other / "train" / "final" / "model.safetensors"))
+    assert again.keys() == weights.keys() and all(torch.equal(again[k], weights[k]) for k in weights)

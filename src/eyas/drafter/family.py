@@ -95,6 +95,8 @@ class Family(ABC):
     """The ``eyas export --format`` layouts it has."""
     vllm_method: ClassVar[str]
     """vLLM's ``speculative_config.method``."""
+    vllm_gpu_only: ClassVar[bool] = False
+    """Whether only vLLM's GPU model runner drafts with it (its CPU build refuses the method)."""
     llamacpp_arch: ClassVar[str]
     """llama.cpp's GGUF architecture for the drafter (which the target's graph must feed)."""
     llamacpp_spec_type: ClassVar[str]

@@ -150,6 +150,7 @@ def eval_paths(config: RunConfig, name: str | None) -> RunPaths:
 def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict:
     """Evaluate and return the report (also written to ``eval/report.json``, or
     ``eval/<name>/report.json`` for an evaluation with overrides, see :func:`with_overrides`)."""
+    from eyas.drafter.families import family_at, options_set
     from eyas.target import load_tokenizer, stop_token_ids
 
     paths = eval_paths(config, name)
@@ -161,10 +162,11 @@ def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict
     drafter_dir = draft_dir(config)
     _require_drafter(config, drafter_dir)
     if cfg.engine == "llamacpp":
-        from eyas.drafter.families import family_at, options_set
         from eyas.target.llamacpp_support import require_served
 
         require_served(config.target, family_at(drafter_dir), options_set(drafter_dir))
+    if cfg.engine == "vllm":
+        _require_vllm_runs(family_at(drafter_dir))
     started = begin(config, CONTRACT, paths)
     paths.marker("eval").unlink(missing_ok=True)
     tokenizer = load_tokenizer(config.target)
@@ -199,6 +201,18 @@ def draft_length(config: RunConfig, drafter_dir: Path) -> int:
 
     layers = text_config(load_model_config(config.target)).num_hidden_layers
     return read_spec(drafter_dir, layers).draft_length(config.eval.num_draft_tokens)
+
+
+def _require_vllm_runs(family) -> None:
+    """Refuse, before starting vLLM, a family only its GPU model runner drafts with, on a machine
+    without a GPU (vLLM's CPU build would refuse it after loading the target)."""
+    import torch
+
+    if family.vllm_gpu_only and not torch.cuda.is_available():
+        raise ConfigError(
+            f"--engine vllm: vLLM runs {family.title} drafters ({family.vllm_method}) in its GPU model runner "
+            "only, and this machine has no GPU; measure it in llama.cpp instead (`eyas eval CONFIG --engine llamacpp`)"
+        )
 
 
 def _require_drafter(config: RunConfig, drafter_dir: Path) -> None:

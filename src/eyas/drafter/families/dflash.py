@@ -441,11 +441,13 @@ class DFlash(Family):
         )
 
     def lr(self, train: TrainConfig) -> float:
-        return train.dflash.lr if train.dflash.lr is not None else train.lr
+        own = getattr(train, self.name).lr
+        return train.lr if own is None else own
 
     def left_out(self, train: TrainConfig) -> set[str]:
-        """``train.lr`` when ``train.dflash.lr`` is the rate it trains at."""
-        return {"lr"} if train.dflash.lr is not None else set()
+        """``train.lr`` when the family's own section (``train.dflash``, ``train.dspark``) sets
+        the rate it trains at."""
+        return {"lr"} if getattr(train, self.name).lr is not None else set()
 
 
 DFLASH = DFlash()

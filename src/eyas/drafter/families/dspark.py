@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eyas.config import DSparkConfig, RunConfig, TrainConfig
+from eyas.config import DSparkConfig, RunConfig
 from eyas.drafter.families.dflash import (
     DFlash,
     DFlashDrafter,
@@ -53,7 +53,6 @@ from eyas.drafter.families.dflash import (
     sample_anchors,
 )
 from eyas.drafter.family import VLLM_SERVER, Training, TrainingInputs
-from eyas.drafter.layout import sizes_from_keys
 from eyas.drafter.spec import DrafterSpec
 from eyas.drafter.vocab import draft_vocab_size
 
@@ -227,6 +226,8 @@ class DSpark(DFlash):
     reads = frozenset({"drafter", "dspark", "draft_vocab_size"})
     formats = ("sglang", "vllm", "gguf")
     vllm_method = "dspark"
+    vllm_gpu_only = True
+    """vLLM 0.32 has ``dspark`` in its model runner V2 only, which needs Triton; its CPU build has none."""
     llamacpp_arch = "dflash"
     """llama.cpp converts a DSpark drafter to its DFlash architecture, with the heads' tensors."""
     llamacpp_spec_type = "draft-dspark"
@@ -234,11 +235,9 @@ class DSpark(DFlash):
     def spec(self, base: DrafterSpec, config: RunConfig) -> DSparkSpec:
         cfg: DSparkConfig = config.train.dspark
         block = dflash_spec(base, cfg, self.mask_token(cfg, config), "train.dspark")
+        vocab = draft_vocab_size(config.train.draft_vocab_size, base.vocab_size)
         return DSparkSpec(
-            **(block.sizes() | {"draft_vocab_size": draft_vocab_size(config.train.draft_vocab_size, base.vocab_size)}),
-            num_layers=block.num_layers,
-            block_size=block.block_size,
-            mask_token_id=block.mask_token_id,
+            **(vars(block) | {"draft_vocab_size": vocab}),
             markov_rank=cfg.markov_rank,
             confidence_head=cfg.confidence_head,
         )
@@ -271,12 +270,9 @@ class DSpark(DFlash):
         return dspark_config(spec, dtype)
 
     def read_spec(self, config: dict[str, Any], path: Path, target_layers: int | None) -> DSparkSpec:
-        settings = config["dflash_config"]
+        block = super().read_spec(config, path, target_layers)
         return DSparkSpec(
-            **sizes_from_keys(config, config, settings["target_layer_ids"]).sizes(),
-            num_layers=config["num_hidden_layers"],
-            block_size=settings.get("block_size", config.get("block_size")),
-            mask_token_id=settings["mask_token_id"],
+            **vars(block),
             markov_rank=config["markov_rank"],
             confidence_head=bool(config.get("enable_confidence_head", False)),
         )
@@ -294,13 +290,6 @@ class DSpark(DFlash):
                 "## llama.cpp\n\n`eyas export CONFIG --format gguf` writes the GGUF file and its `llama-server` command.\n",
             ]
         )
-
-    def lr(self, train: TrainConfig) -> float:
-        return train.dspark.lr if train.dspark.lr is not None else train.lr
-
-    def left_out(self, train: TrainConfig) -> set[str]:
-        """``train.lr`` when ``train.dspark.lr`` is the rate it trains at."""
-        return {"lr"} if train.dspark.lr is not None else set()
 
 
 DSPARK = DSpark()
