@@ -31,7 +31,7 @@ MAX_TOKENS = 128
 EVAL_PROMPTS = 16
 TRAIN_STEPS = 240
 LLAMACPP_ROUNDS = 2
-DEMO_CONTROL = "eagle3_broken_aux_order"
+DEMO_CONTROL = "eagle3_broken_aux_order"  # the demo trains EAGLE-3, whose eval adds this control
 
 
 def demo_config() -> dict:
@@ -125,7 +125,7 @@ def summarize(config, results: dict[str, dict], wall_s: float) -> dict:
         "train_seconds": train_timing.get("seconds"),
         "train_cpu_seconds": train_timing.get("cpu_seconds"),
         "stage_seconds": {name: r["seconds"] for name, r in results.items() if "seconds" in r},
-        "tau_drafter": methods["eagle3"]["tau"],
+        "tau_drafter": methods[config.train.drafter]["tau"],
         "tau_lookup": methods["prompt_lookup"]["tau"],
         "tau_broken": methods[DEMO_CONTROL]["tau"] if DEMO_CONTROL in methods else None,
         "llamacpp": report.get("llamacpp"),

@@ -191,11 +191,11 @@ def speculative_decode(
     stop_ids: set[int],
     dtype: str,
     out_dir: Path,
-    method: str = "eagle3",
+    method: str | None = None,
 ) -> dict:
     """vLLM's outputs and its own spec-decode counters for ``prompts``, with ``draft_dir`` as
-    drafter (None: plain decoding, no counters) by vLLM's speculative ``method`` (``eagle3``,
-    ``dflash``: the drafter's family), the target in ``dtype``.
+    drafter (None: plain decoding, no counters) by vLLM's speculative ``method`` (the drafter's
+    family's :attr:`~eyas.drafter.family.Family.vllm_method`), the target in ``dtype``.
 
     Runs ``eval_child.py`` once, in ``out_dir``, stopped after ``target.engine_timeout_s``. The
     result is cached in ``out_dir/vllm-<request hash>.json``: a rerun with the same export,
