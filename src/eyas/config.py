@@ -463,6 +463,8 @@ class EvalConfig(Section):
     """`vllm`: also serve the vLLM export in vLLM itself and check its τ, passes and outputs against eyas's. `llamacpp`: also serve the GGUF export in llama-server and measure its decode speed beside plain decoding and llama.cpp's n-gram speculation."""
     llamacpp_repeats: int = Field(default=3, ge=1)
     """engine llamacpp: rounds over every prompt and configuration; the report gives each configuration's median tokens/s."""
+    llamacpp_p_min: list[float] = Field(default=[0.0, 0.5], min_length=1)
+    """engine llamacpp: each draft length is also served at each of these `--spec-draft-p-min` values (a draft stops at the first position the drafter is less sure of: its top probability, or DSpark's confidence head). On a small target, cutting unlikely drafts can decide whether drafting pays."""
     llamacpp_tie_margin: float = Field(default=0.01, ge=0.0)
     """engine llamacpp: an output that first departs from plain decoding where plain's top two logits were within this many nats is reported as a float tie, not a failure (llama.cpp verifies drafts in batched kernels that round otherwise than its one-token decoding)."""
     in_process: bool = True
@@ -487,6 +489,13 @@ class EvalConfig(Section):
                 "in_process: false needs engine 'vllm': with the target not loaded here, vLLM is what measures τ"
             )
         return self
+
+    @field_validator("llamacpp_p_min")
+    @classmethod
+    def _p_min_is_a_probability(cls, values: list[float]) -> list[float]:
+        if any(not 0.0 <= v < 1.0 for v in values):
+            raise ValueError(f"each --spec-draft-p-min is a probability in [0, 1): got {values}")
+        return sorted(set(values))
 
 
 class RunConfig(Section):

@@ -75,8 +75,8 @@ def write_demo_config(run_dir: Path) -> Path:
         f"# draft vocabulary) trained online for {TRAIN_STEPS} steps of 8 samples, the target's states computed\n"
         "# once per sample and kept in memory (train.cache_states); eval: 3 draft tokens,\n"
         "# 64 new tokens per prompt, drafter vs prompt lookup vs the drafter with its aux states reversed,\n"
-        f"# then decode speed in llama.cpp ({LLAMACPP_ROUNDS} rounds): the drafter at 1-3 drafted tokens vs plain\n"
-        "# decoding vs llama.cpp's n-gram speculation.\n"
+        f"# then decode speed in llama.cpp ({LLAMACPP_ROUNDS} rounds): the drafter at 1-3 drafted tokens, each\n"
+        "# also cut where its top probability is under 0.5, vs plain decoding vs llama.cpp's n-gram speculation.\n"
     )
     path.write_text(header + yaml.safe_dump(demo_config(), sort_keys=False))
     return path

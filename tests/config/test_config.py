@@ -43,6 +43,12 @@ def test_strings_are_not_coerced_to_numbers():
         parse_config({"run_dir": "x", "generate": {"temperature": "0.7"}})
 
 
+def test_llamacpp_p_min_values_are_probabilities_read_once_each_in_order():
+    assert parse_config({"run_dir": "x", "eval": {"llamacpp_p_min": [0.5, 0, 0.5]}}).eval.llamacpp_p_min == [0, 0.5]
+    with pytest.raises(ConfigError, match=r"eval\.llamacpp_p_min: .*\[0, 1\)"):
+        parse_config({"run_dir": "x", "eval": {"llamacpp_p_min": [1.0]}})
+
+
 def test_missing_required_key():
     with pytest.raises(ConfigError, match=r"run_dir: required key is missing"):
         parse_config({})

@@ -63,7 +63,8 @@ def test_eval_in_llamacpp_measures_speed_and_agrees_with_eyas(overfit, tmp_path)
     config = engine_eval_config(tmp_path, overfit[3], "engine: llamacpp, llamacpp_repeats: 2")
     report = stage.run(load_config(config), quiet=True)
     section = report["llamacpp"]
-    assert list(section["methods"]) == ["eagle3, n=1", "eagle3, n=2", "eagle3, n=3", "ngram-mod", "ngram-simple"]
+    drafted = [f"eagle3, n={n}{p_min}" for p_min in ("", ", p-min=0.5") for n in (1, 2, 3)]
+    assert list(section["methods"]) == [*drafted, "ngram-mod", "ngram-simple"]
     assert len(section["plain"]["tokens_per_s_rounds"]) == 2 and section["plain"]["tokens_per_s"] > 0
     for name, m in section["methods"].items():
         assert m["lossless"] == {"checked": 3, "identical": 3, "float_ties": [], "mismatched": []}, name
@@ -100,7 +101,10 @@ def test_a_block_drafter_export_serves_in_llamacpp_losslessly_and_accepts_what_e
     report = stage.run(load_config(config), quiet=True)
     section = report["llamacpp"]
     drafted = [f"{family}, n={n}" for n in range(1, per_block + 1)]
-    assert list(section["methods"]) == [*drafted, "ngram-mod", "ngram-simple"]
+    cut = [f"{name}, p-min=0.5" for name in drafted]
+    assert list(section["methods"]) == [*drafted, *cut, "ngram-mod", "ngram-simple"]
+    served_log = (tmp_path / "run" / "eval" / f"llama-server-{family}-n{per_block}-p-min0.5.log").read_text()
+    assert "p_min=0.50" in served_log, "the threshold reaches the server (DSpark's: its confidence head)"
     for name, m in section["methods"].items():
         assert m["lossless"] == {"checked": 3, "identical": 3, "float_ties": [], "mismatched": []}, name
     eyas_tau = report["methods"][family]["tau"]

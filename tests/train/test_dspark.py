@@ -109,6 +109,9 @@ def test_the_dspark_layout_is_what_llamacpp_and_vllm_read(model, tmp_path):
     save_drafter(full, tmp_path / "full")
     weights = load_file(str(tmp_path / "full" / "model.safetensors"))
     assert not {"lm_head.weight", "d2t", "confidence_head.proj.weight"} & set(weights), "the target's head serves"
+    # llama.cpp cuts a DSpark draft by its confidence head: with none, llama-server refuses any threshold.
+    assert DSPARK.llamacpp_p_mins(drafter.spec, [0.0, 0.5]) == [0.0, 0.5]
+    assert DSPARK.llamacpp_p_mins(full.spec, [0.0, 0.5]) == [0.0]
 
 
 def test_the_confidence_head_learns_the_acceptance_rate_of_its_position(model, tokenizer):

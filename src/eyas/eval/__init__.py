@@ -196,11 +196,15 @@ def draft_length(config: RunConfig, drafter_dir: Path) -> int:
     """``eval.num_draft_tokens`` as the drafter drafts them in one pass (a DFlash drafter at most
     its block size − 1, :meth:`~eyas.drafter.spec.DrafterSpec.draft_length`): what llama.cpp and
     vLLM are asked for, so no engine row is a longer draft in name only."""
+    return _drafter_spec(config, drafter_dir).draft_length(config.eval.num_draft_tokens)
+
+
+def _drafter_spec(config: RunConfig, drafter_dir: Path):
     from eyas.drafter.families import read_spec
     from eyas.target import load_model_config, text_config
 
     layers = text_config(load_model_config(config.target)).num_hidden_layers
-    return read_spec(drafter_dir, layers).draft_length(config.eval.num_draft_tokens)
+    return read_spec(drafter_dir, layers)
 
 
 def _require_vllm_runs(family) -> None:
@@ -235,9 +239,8 @@ def _in_llamacpp(config: RunConfig, drafter_dir: Path, prompts: list[EvalPrompt]
     ``eyas export --format gguf`` writes and its README serves — the conversions of
     :mod:`eyas.target.llamacpp`, cached by content, in the precision the target's checkpoint
     declares (not the one eyas computes in here: f32 on a CPU)."""
-    from eyas.drafter.families import family_at
     from eyas.drafter.layout import dtype_name, target_dtype
-    from eyas.eval.llamacpp_engine import configurations, measure, server_threads
+    from eyas.eval.llamacpp_engine import measure, server_threads
     from eyas.target import load_model_config
     from eyas.target.llamacpp import GGUF_TYPES, draft_gguf, find_llamacpp, target_ggufs
 
@@ -249,20 +252,32 @@ def _in_llamacpp(config: RunConfig, drafter_dir: Path, prompts: list[EvalPrompt]
     # build, thread count and machine that measured it (the section says which): timings of
     # another are not these.
     cfg = config.eval
+    configs = llamacpp_configurations(config, drafter_dir, draft, steps)
     measured_by = {"llama-server": llamacpp.build_identity(), "threads": server_threads(), "host": platform.node()}
     request = {
         "draft": draft.name,
         "target": ggufs.same_precision.name,
         "prompts": [_prompt_digest(p) for p in prompts],
-        "settings": [steps, cfg.max_new_tokens, cfg.llamacpp_repeats, cfg.llamacpp_tie_margin],
+        "settings": [list(configs), cfg.max_new_tokens, cfg.llamacpp_repeats, cfg.llamacpp_tie_margin],
         "measured_by": measured_by,
     }
     cached = paths.eval_dir / f"llamacpp-{content_hash(request)}.json"
     if not cached.is_file():
-        configs = configurations(draft, steps, family_at(drafter_dir))
         section = measure(config, llamacpp, ggufs.same_precision, configs, prompts, paths.eval_dir)
         write_json_atomic(cached, {**section, "draft": str(draft), "measured_by": measured_by})
     return {**json.loads(cached.read_text()), "result_file": cached.name}
+
+
+def llamacpp_configurations(config: RunConfig, drafter_dir: Path, draft: Path, steps: int) -> dict[str, list[str]]:
+    """The ``llama-server`` configurations eval measures the drafter at (``draft``: its GGUF):
+    plain, n-grams, and draft lengths 1 … ``steps`` at each ``eval.llamacpp_p_min`` the family
+    serves (:func:`eyas.eval.llamacpp_engine.configurations`)."""
+    from eyas.drafter.families import family_at
+    from eyas.eval.llamacpp_engine import configurations
+
+    family = family_at(drafter_dir)
+    p_mins = family.llamacpp_p_mins(_drafter_spec(config, drafter_dir), config.eval.llamacpp_p_min)
+    return configurations(draft, steps, family, p_mins)
 
 
 def _eval_in_process(

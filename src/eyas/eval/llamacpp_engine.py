@@ -6,9 +6,12 @@ all on the target GGUF that ``eyas export --format gguf``'s README serves, in th
 target's checkpoint declares (the drafter's too):
 
 - ``plain``: the target alone — the speed baseline and the lossless reference;
-- ``eagle3, n=k`` (or ``dflash, n=k``) for k = 1 … the drafter's draft length: the GGUF export
-  drafting k tokens (``eval.num_draft_tokens``, which a DFlash drafter caps at its block size − 1:
-  :func:`eyas.eval.draft_length`);
+- ``eagle3, n=k`` (or ``dflash, n=k``, ...) for k = 1 … the drafter's draft length: the GGUF
+  export drafting k tokens (``eval.num_draft_tokens``, which a DFlash drafter caps at its block
+  size − 1: :func:`eyas.eval.draft_length`), and ``eagle3, n=k, p-min=p`` for each other
+  ``eval.llamacpp_p_min``: the draft cut at the first position the drafter is less sure of than p
+  (its top probability; DSpark's confidence head), which on a small target can decide whether
+  drafting pays at all;
 - ``ngram-mod`` and ``ngram-simple``: llama.cpp's draftless speculation, what a drafter must beat.
 
 Speed is measured side by side: in each of ``eval.llamacpp_repeats`` rounds every prompt goes
@@ -47,11 +50,21 @@ PLAIN = "plain"
 NGRAM_TYPES = ("ngram-mod", "ngram-simple")
 
 
-def configurations(draft: Path, k: int, family) -> dict[str, list[str]]:
+def configurations(draft: Path, k: int, family, p_mins: list[float]) -> dict[str, list[str]]:
     """Name -> the ``llama-server`` arguments that make it, ``k`` the drafter's draft length;
-    ``family``: the drafter's (:class:`eyas.drafter.family.Family`), whose name the rows carry."""
-    drafted = {f"{family.name}, n={n}": drafting(draft, family.llamacpp_spec_type, n) for n in range(1, k + 1)}
+    ``family``: the drafter's (:class:`eyas.drafter.family.Family`), whose name the rows carry;
+    ``p_mins``: the ``--spec-draft-p-min`` values each draft length is served at."""
+    drafted = {
+        drafted_name(family.name, n, p_min): drafting(draft, family.llamacpp_spec_type, n, p_min)
+        for p_min in p_mins
+        for n in range(1, k + 1)
+    }
     return {PLAIN: [], **drafted, **draftless()}
+
+
+def drafted_name(family: str, n: int, p_min: float = 0.0) -> str:
+    """A drafted row's name: ``eagle3, n=2``, and ``eagle3, n=2, p-min=0.5`` with a threshold."""
+    return f"{family}, n={n}" + (f", p-min={p_min:g}" if p_min else "")
 
 
 def is_drafted(name: str) -> bool:
@@ -64,10 +77,13 @@ def draftless() -> dict[str, list[str]]:
     return {name: ["--spec-type", name] for name in NGRAM_TYPES}
 
 
-def drafting(draft: Path, spec_type: str, n: int) -> list[str]:
+def drafting(draft: Path, spec_type: str, n: int, p_min: float | None = None) -> list[str]:
     """The ``llama-server`` arguments that serve ``draft`` with ``--spec-type spec_type`` (a
-    family's :attr:`~eyas.drafter.family.Family.llamacpp_spec_type`) drafting ``n`` tokens."""
-    return ["-md", str(draft), "--spec-type", spec_type, "--spec-draft-n-max", str(n)]
+    family's :attr:`~eyas.drafter.family.Family.llamacpp_spec_type`) drafting ``n`` tokens, cut
+    where the drafter is less sure than ``p_min`` (None: llama.cpp's default, which has changed
+    between releases, so eval always names it)."""
+    p_min_args = [] if p_min is None else ["--spec-draft-p-min", f"{p_min:g}"]
+    return ["-md", str(draft), "--spec-type", spec_type, "--spec-draft-n-max", str(n), *p_min_args]
 
 
 def server_threads() -> int:

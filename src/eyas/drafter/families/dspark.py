@@ -231,6 +231,12 @@ class DSpark(DFlash):
     llamacpp_arch = "dflash"
     """llama.cpp converts a DSpark drafter to its DFlash architecture, with the heads' tensors."""
     llamacpp_spec_type = "draft-dspark"
+    llamacpp_p_min_reads = "the confidence head's predicted acceptance"
+
+    def llamacpp_p_mins(self, spec: DSparkSpec, wanted: list[float]) -> list[float]:
+        """Without a confidence head only 0: ``llama-server`` refuses a threshold it has nothing to
+        compare with (the ``--spec-draft-conf-min`` of DeepSpec's papers is this flag in b11434)."""
+        return wanted if spec.confidence_head else [0.0]
 
     def spec(self, base: DrafterSpec, config: RunConfig) -> DSparkSpec:
         cfg: DSparkConfig = config.train.dspark
