@@ -1,4 +1,4 @@
-"""The drafter families (EAGLE-3, EAGLE-3.1, DFlash, DSpark) on one corpus and one CPU budget: held-out τ, and τ and decode speed-up in llama.cpp on the f32 and the shipped Q4_1 target.
+"""The drafter families (EAGLE-3, EAGLE-3.1, DFlash, DSpark, DFlash2) on one corpus and one CPU budget: held-out τ, and τ and decode speed-up in llama.cpp on the f32 and the shipped Q4_1 target.
 
 Each drafter trains online (states cached) on the merged corpus of a run whose merge is done
 (``--run CONFIG``; ``make demo`` leaves ``runs/demo/demo.yaml``), one after the other in one
@@ -6,8 +6,9 @@ process, each for the config's own steps and batch. Each row then goes through `
 with ``engine: llamacpp``: eyas's own speculative decoder on the merge's held-out prompts (τ,
 greedy, lossless check), then the GGUF export in ``llama-server`` on the f32 target beside plain
 decoding and llama.cpp's n-gram speculation, at draft lengths 1 … ``eval.num_draft_tokens``
-(a DFlash drafter drafts at most its block size − 1 per pass) and each ``eval.llamacpp_p_min``
-(the family's own threshold: the draft token's probability; DSpark's confidence head). The same
+(a DFlash or DFlash2 drafter drafts at most its block size − 1 per pass) and each
+``eval.llamacpp_p_min`` (the family's own threshold: the draft token's probability; DSpark's
+confidence head; DFlash2's selector). The same
 configurations are then measured on the Q4_1 GGUF the embedded target ships as (``--no-repack``
 everywhere: repacking quantized weights dies with an illegal instruction on these CPUs), against
 plain Q4_1 decoding: lossless there means equal to plain decoding of the same Q4_1 file.
@@ -42,6 +43,7 @@ ROWS: dict[str, dict] = {
     "EAGLE-3.1 (norm_before_fc)": {"drafter": "eagle3", "eagle3": {"norm_before_fc": True}},
     "DFlash, 1 layer": {"drafter": "dflash", "dflash": {"layers": 1, "block_size": 4, "anchors": 48}, "lr": 2e-3},
     "DSpark, 1 layer": {"drafter": "dspark", "dspark": {"layers": 1, "block_size": 4, "anchors": 48}, "lr": 2e-3},
+    "DFlash2, 1 layer": {"drafter": "dflash2", "dflash2": {"layers": 1, "block_size": 4, "anchors": 48}, "lr": 2e-3},
 }
 """Row name → changes to the config's train section. EAGLE-3.1's post-norm feedback
 (``norm_output``) is left out: the pinned llama.cpp does not read it, so it has no GGUF export."""

@@ -31,7 +31,7 @@ class Section(BaseModel):
 
 
 EMBEDDED_TARGET = "embedded"
-DrafterFamily = Literal["eagle3", "dflash", "dspark"]
+DrafterFamily = Literal["eagle3", "dflash", "dspark", "dflash2"]
 
 
 class TargetConfig(Section):
@@ -353,6 +353,33 @@ class DSparkConfig(DFlashConfig):
     """DSpark's own AdamW peak learning rate, for a run that trains several families; default `train.lr`."""
 
 
+class DFlash2Config(DFlashConfig):
+    """A DFlash2 drafter (``train.drafter: dflash2``): DFlash's block backbone with a grouped dynamic causal convolution on both sides of each sublayer and a top-K candidate selector, as z-lab defines it and speculators (PR 1006) trains it; `layers`, `block_size`, `mask_token_id` and `anchors` as DFlash's. It drafts over the full vocabulary (the engines select candidates before any draft-vocabulary mapping)."""
+
+    decay: float = Field(default=4.0, gt=0.0)
+    """γ of the loss weight exp(-(k-1)/γ) of block position k, for both terms (speculators' 4)."""
+    conv_kernel_size: int = Field(default=2, ge=1)
+    """Taps of each convolution: block position k mixes positions k, k-1, … k-taps+1 of its own block, never across blocks (z-lab's 2)."""
+    conv_group_size: int = Field(default=16, ge=1)
+    """Hidden channels that share one token-dependent kernel coefficient; must divide the drafter's hidden size (z-lab's 16)."""
+    selector_rank: int = Field(default=256, ge=1)
+    """Rank of the selector's transition score: predecessor and successor codebooks (target vocabulary × rank) and a projection of the position's hidden state (z-lab's 256)."""
+    selector_top_k: int = Field(default=16, ge=1)
+    """Candidates per block position, the unary logits' top K, that the selector reranks; llama.cpp needs K·(K+1) ≤ the hidden size (z-lab's 16)."""
+    selector_weight: float = Field(default=1.0, ge=0.0)
+    """Weight of the selector's K-way cross-entropy beside the unary loss (speculators' `--selector-loss-alpha`)."""
+    lr: float | None = Field(default=None, gt=0.0)
+    """DFlash2's own AdamW peak learning rate, for a run that trains several families; default `train.lr`."""
+
+    @model_validator(mode="after")
+    def _taps_fit_a_block(self) -> DFlash2Config:
+        if self.conv_kernel_size > self.block_size:
+            raise ValueError(
+                f"conv_kernel_size: {self.conv_kernel_size} taps reach past a block of {self.block_size} positions"
+            )
+        return self
+
+
 class Eagle3Config(Section):
     """EAGLE-3's optional normalisations; both on is EAGLE-3.1 as speculators (PR 610), SpecForge and
     NeMo train it. Both off (the default) is EAGLE-3 as published."""
@@ -365,10 +392,12 @@ class Eagle3Config(Section):
 
 class TrainConfig(Section):
     drafter: DrafterFamily | list[DrafterFamily] = "eagle3"
-    """Drafter family: `eagle3` (one layer, chain drafting with training-time test), `dflash` (a block of drafts per pass, see `train.dflash`) or `dspark` (DFlash's block plus a Markov head and a confidence head, see `train.dspark`). DFlash and DSpark read the layers `extract.aux_layers` names (any number) as its context features, so every family trains from the same extracted states. A list (`[eagle3, dflash, dspark]`) trains, exports and evaluates each from the one corpus and extraction, in `<run_dir>/<family>/`, and eval ends by saying which decodes faster (`<run_dir>/families.json`)."""
+    """Drafter family: `eagle3` (one layer, chain drafting with training-time test), `dflash` (a block of drafts per pass, see `train.dflash`) `dspark` (DFlash's block plus a Markov head and a confidence head, see `train.dspark`) or `dflash2` (DFlash's block plus convolutions inside the block and a candidate selector, see `train.dflash2`). The block families read the layers `extract.aux_layers` names (any number) as its context features, so every family trains from the same extracted states. A list (`[eagle3, dflash, dspark, dflash2]`) trains, exports and evaluates each from the one corpus and extraction, in `<run_dir>/<family>/`, and eval ends by saying which decodes faster (`<run_dir>/families.json`)."""
     dflash: DFlashConfig = DFlashConfig()
     dspark: DSparkConfig = DSparkConfig()
     """DSpark's own settings; its draft vocabulary is `train.draft_vocab_size`'s, as EAGLE-3's."""
+    dflash2: DFlash2Config = DFlash2Config()
+    """DFlash2's own settings."""
     eagle3: Eagle3Config = Eagle3Config()
     """EAGLE-3's own options (`{norm_before_fc: true, norm_output: true}` trains EAGLE-3.1)."""
     ttt_steps: int = Field(default=7, ge=1)
@@ -440,7 +469,7 @@ class TrainConfig(Section):
 
     @model_validator(mode="after")
     def _warm_start_is_eagle3(self) -> TrainConfig:
-        block = [f for f in self.families if f in ("dflash", "dspark")]
+        block = [f for f in self.families if f != "eagle3"]
         if block and self.init_from:
             raise ValueError(
                 f"init_from: warm start loads EAGLE-3 drafters; a {block[0]} drafter trains from random weights"

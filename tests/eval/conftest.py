@@ -38,4 +38,11 @@ def overfit_dflash_drafter(model, overfit):
 def overfit_dspark_drafter(model, overfit):
     """A DSpark drafter (block size 4, reduced vocabulary, confidence head) trained on the same three continuations."""
     prompts, greedy, _, _ = overfit
-    return overfit_dflash(model, prompts, greedy, dspark=True)
+    return overfit_dflash(model, prompts, greedy, family="dspark")
+
+
+@pytest.fixture(scope="session")
+def overfit_dflash2_drafter(model, overfit):
+    """A DFlash2 drafter (block size 4, two-tap convolutions, selector of rank 32 over the top 8) trained on the same three continuations."""
+    prompts, greedy, _, _ = overfit
+    return overfit_dflash(model, prompts, greedy, family="dflash2")

@@ -100,13 +100,14 @@ def overfit_dflash(
     steps: int = 100,
     block_size: int = 4,
     seed: int = 0,
-    dspark: bool = False,
+    family: str = "dflash",
 ):
-    """A DFlash drafter (a DSpark one with ``dspark``: over a draft vocabulary of the tokens the
-    sequences and the target's greedy choices use, with the confidence head) overfit on
-    ``answers`` to ``prompts`` with training's own objective (blocks anchored inside the
-    answers), for tests that need one that is accepted."""
+    """A block drafter of ``family`` — DFlash; DSpark over a draft vocabulary of the tokens the
+    sequences and the target's greedy choices use, with the confidence head; DFlash2 with its
+    convolutions and selector — overfit on ``answers`` to ``prompts`` with training's own
+    objective (blocks anchored inside the answers), for tests that need one that is accepted."""
     from eyas.drafter.families.dflash import BlockObjective, DFlashDrafter, dflash_spec
+    from eyas.drafter.families.dflash2 import DFlash2Drafter, DFlash2Spec, SelectorObjective
     from eyas.drafter.families.dspark import DSparkDrafter, DSparkObjective, DSparkSpec
     from eyas.train.data import Batch
 
@@ -124,7 +125,7 @@ def overfit_dflash(
     base = spec_for_target(model.config, train, aux_layers, vocab)
     spec = dflash_spec(base, train.dflash, 16)
     embedding, head = model.get_input_embeddings().weight, model.lm_head.weight
-    if dspark:
+    if family == "dspark":
         with torch.no_grad():
             greedy = model.lm_head(captured.final).argmax(-1)
         used = torch.unique(torch.cat([ids.flatten(), greedy.flatten()]))
@@ -136,6 +137,10 @@ def overfit_dflash(
         t2d[used] = True
         drafter.set_vocab(used - torch.arange(len(used)), t2d)
         objective = DSparkObjective(OVERFIT_NEW, block_size, used, t2d, 1.0)
+    elif family == "dflash2":
+        spec = DFlash2Spec(**vars(spec), selector_rank=32, selector_top_k=8)
+        drafter = DFlash2Drafter(spec, embedding, head)
+        objective = SelectorObjective(anchors=OVERFIT_NEW, block_size=block_size, selector_weight=1.0)
     else:
         drafter = DFlashDrafter(spec, embedding, head)
         objective = BlockObjective(anchors=OVERFIT_NEW, block_size=block_size)

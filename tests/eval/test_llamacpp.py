@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from eyas.config import TargetConfig, load_config, parse_config
-from eyas.drafter.families import save_drafter
+from eyas.drafter.families import family_of, save_drafter
 from eyas.paths import RunPaths
 from eyas.target.llamacpp import LlamaServer, convert, find_llamacpp, target_ggufs
 from tests.conftest import write_jsonl
@@ -80,13 +80,15 @@ def test_eval_in_llamacpp_measures_speed_and_agrees_with_eyas(overfit, tmp_path)
     assert again["llamacpp"]["plain"] == section["plain"], "a rerun reads the measured figures back"
 
 
-@pytest.mark.parametrize("family", ["dflash", "dspark"])
+@pytest.mark.parametrize("family", ["dflash", "dspark", "dflash2"])
 def test_a_block_drafter_export_serves_in_llamacpp_losslessly_and_accepts_what_eyas_measures(family, request, tmp_path):
     """Asked for 5 draft tokens, a drafter of block size 4 is served and measured at what one
-    block drafts — DFlash's 3, DSpark's 4 (every position drafts) — as the export's README serves
-    it (no row is a longer draft in name only: llama.cpp would clamp it). The DSpark drafter has
-    a reduced vocabulary and its Markov and confidence heads: llama.cpp's converter takes it as
-    written (``d2t`` included), and ``draft-dspark`` chains the Markov head as eyas's decoder does."""
+    block drafts — DFlash's and DFlash2's 3, DSpark's 4 (every position drafts) — as the export's
+    README serves it (no row is a longer draft in name only: llama.cpp would clamp it). The DSpark
+    drafter has a reduced vocabulary and its Markov and confidence heads: llama.cpp's converter
+    takes it as written (``d2t`` included), and ``draft-dspark`` chains the Markov head as eyas's
+    decoder does. The DFlash2 drafter's convolutions and selector are read as written too, and
+    llama.cpp walks its selector as eyas's decoder does."""
     import eyas.export
     from eyas import eval as stage
 
@@ -95,7 +97,8 @@ def test_a_block_drafter_export_serves_in_llamacpp_losslessly_and_accepts_what_e
     run_dir = tmp_path / "trained"
     save_drafter(drafter, run_dir / "train" / "final")
     out = eyas.export.export_one(load_tiny(run_dir, drafter=family), "gguf")
-    assert f"--spec-type draft-{family} --spec-draft-n-max 3" in (out / "README.md").read_text()
+    spec_type = family_of(drafter.spec).llamacpp_spec_type
+    assert f"--spec-type {spec_type} --spec-draft-n-max 3" in (out / "README.md").read_text()
 
     config = engine_eval_config(tmp_path, drafter, "engine: llamacpp, llamacpp_repeats: 1", 5)
     report = stage.run(load_config(config), quiet=True)

@@ -261,13 +261,16 @@ def _drafts(base: str) -> float:
     return float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
 
 
-def test_a_dspark_drafter_is_refused_before_vllm_starts_where_there_is_no_gpu(tmp_path, model):
-    """vLLM drafts with DSpark in its GPU model runner only: on a CPU machine eyas says so, and
-    names the engine that serves it here, instead of loading the target for vLLM to refuse."""
+@pytest.mark.parametrize("family", ["dspark", "dflash2"])
+def test_a_gpu_only_drafter_is_refused_before_vllm_starts_where_there_is_no_gpu(tmp_path, model, family):
+    """vLLM drafts with DSpark and DFlash2 in its GPU model runner only: on a CPU machine eyas says
+    so, and names the engine that serves it here, instead of loading the target for vLLM to refuse."""
     from eyas import eval as stage
     from eyas.config import ConfigError, load_config
+    from tests.train.test_dflash2 import random_dflash2
     from tests.train.test_dspark import random_dspark
 
-    config = engine_eval_config(tmp_path, random_dspark(model), "engine: vllm")
+    drafter = random_dspark(model) if family == "dspark" else random_dflash2(model)
+    config = engine_eval_config(tmp_path, drafter, "engine: vllm")
     with pytest.raises(ConfigError, match=r"GPU model runner only.*--engine llamacpp"):
         stage.run(load_config(config), quiet=True)

@@ -116,11 +116,16 @@ def test_a_list_of_families_names_each_once_and_one_family_keeps_the_usual_layou
 
 
 @pytest.mark.slow
-def test_a_resumed_dflash_run_continues_bit_for_bit(merged_run, tmp_path):
+@pytest.mark.parametrize(
+    "name, own",
+    [("dflash", {}), ("dflash2", {"selector_rank": 8, "selector_top_k": 4})],
+    ids=["dflash", "dflash2 (convolutions and selector)"],
+)
+def test_a_resumed_block_drafter_run_continues_bit_for_bit(merged_run, tmp_path, name, own):
     other = copy_run(merged_run, tmp_path / "resumed")
     settings = {
-        "drafter": "dflash",
-        "dflash": {"block_size": 3, "anchors": 4, "lr": 3e-3},
+        "drafter": name,
+        name: {"block_size": 3, "anchors": 4, "lr": 3e-3, **own},
         "lr": 1e-4,
         "max_steps": 4,
         "epochs": 10.0,
@@ -132,7 +137,7 @@ def test_a_resumed_dflash_run_continues_bit_for_bit(merged_run, tmp_path):
     straight = read_metrics(merged_run / "train" / "metrics.jsonl")
     assert [r["step"] for r in straight if r["split"] == "train"] == [1, 2, 3, 4]
     assert all(len(r["acc"]) == 2 for r in straight if r["split"] == "train"), "one figure per drafted position"
-    assert max(r["lr"] for r in straight if r["split"] == "train") > 1e-3, "DFlash trains at train.dflash.lr"
+    assert max(r["lr"] for r in straight if r["split"] == "train") > 1e-3, f"trains at train.{name}.lr"
 
     first = eyas.train.run(load_tiny(other, **settings), quiet=True, stop_after=3)
     assert first["step"] == 3 and first["final"] is None
@@ -145,4 +150,4 @@ def test_a_resumed_dflash_run_continues_bit_for_bit(merged_run, tmp_path):
     w1 = load_file(str(merged_run / "train" / "final" / "model.safetensors"))
     w2 = load_file(str(other / "train" / "final" / "model.safetensors"))
     assert w1.keys() == w2.keys() and all(torch.equal(w1[k], w2[k]) for k in w1)
-    assert family_at(merged_run / "train" / "final") is DFLASH
+    assert family_at(merged_run / "train" / "final") is family(name)

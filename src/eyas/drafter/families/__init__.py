@@ -14,13 +14,14 @@ import torch
 from torch import nn
 
 from eyas.drafter.families.dflash import DFLASH
+from eyas.drafter.families.dflash2 import DFLASH2
 from eyas.drafter.families.dspark import DSPARK
 from eyas.drafter.families.eagle3 import EAGLE3
 from eyas.drafter.family import Family
 from eyas.drafter.layout import CHECKPOINT_DTYPE, CONFIG_FILE, read_config, read_weights
 from eyas.drafter.spec import DrafterSpec
 
-FAMILIES: dict[str, Family] = {f.name: f for f in (EAGLE3, DFLASH, DSPARK)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (EAGLE3, DFLASH, DSPARK, DFLASH2)}
 """By ``train.drafter`` name, in the order the config's documentation lists them."""
 
 

@@ -111,22 +111,32 @@ class DFlashLayer(nn.Module):
     ) -> Tensor:
         """Block rows x [B,Q,H] attending to the context's keys/values then their own (``mask``
         [B,1,Q,T+Q] bool, None: everything visible)."""
-        attn = self.self_attn
-        h = self.input_layernorm(x)
-        q = attn.q_norm(self._heads(h, attn.q_proj, self.num_heads)).transpose(1, 2)
-        k = attn.k_norm(self._heads(h, attn.k_proj, self.num_kv_heads)).transpose(1, 2)
-        v = self._heads(h, attn.v_proj, self.num_kv_heads).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        keys = expand_kv(torch.cat([context_k, k], dim=2), self.num_heads)
-        values = expand_kv(torch.cat([context_v, v], dim=2), self.num_heads)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        b, _, n, _ = out.shape
-        x = x + attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
-        return x + self.mlp(self.post_attention_layernorm(x))
+
+        def attend(h: Tensor) -> Tensor:
+            attn = self.self_attn
+            q = attn.q_norm(self._heads(h, attn.q_proj, self.num_heads)).transpose(1, 2)
+            k = attn.k_norm(self._heads(h, attn.k_proj, self.num_kv_heads)).transpose(1, 2)
+            v = self._heads(h, attn.v_proj, self.num_kv_heads).transpose(1, 2)
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            keys = expand_kv(torch.cat([context_k, k], dim=2), self.num_heads)
+            values = expand_kv(torch.cat([context_v, v], dim=2), self.num_heads)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            b, _, n, _ = out.shape
+            return attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+        x = x + self.sublayer("attention", self.input_layernorm(x), attend)
+        return x + self.sublayer("mlp", self.post_attention_layernorm(x), self.mlp)
+
+    def sublayer(self, name: str, h: Tensor, run) -> Tensor:
+        """Sublayer ``name`` (``attention``, ``mlp``) on its normed input ``h``: as it is here;
+        DFlash2 convolves both sides inside each block."""
+        return run(h)
 
 
 class DFlashDrafter(DrafterWeights, nn.Module):
     """DFlash draft model; see the module docstring for the shape."""
+
+    layer_type: type[DFlashLayer] = DFlashLayer
 
     def __init__(self, spec: DFlashSpec, embedding: Tensor | None = None, lm_head: Tensor | None = None) -> None:
         super().__init__()
@@ -139,7 +149,7 @@ class DFlashDrafter(DrafterWeights, nn.Module):
             self.set_target_parts(embedding, embedding if lm_head is None else lm_head)
         self.fc = nn.Linear(len(spec.aux_layers) * spec.target_hidden_size, spec.hidden_size, bias=False)
         self.hidden_norm = LlamaRMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
-        self.layers = nn.ModuleList(DFlashLayer(spec) for _ in range(spec.num_layers))
+        self.layers = nn.ModuleList(self.layer_type(spec) for _ in range(spec.num_layers))
         self.norm = LlamaRMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
         with torch.no_grad():
             self.norm.weight.fill_(OUTPUT_NORM_INIT)
