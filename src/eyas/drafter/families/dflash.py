@@ -396,6 +396,7 @@ class DFlash(Family):
     vllm_method = "dflash"
     llamacpp_arch = "dflash"
     llamacpp_spec_type = "draft-dflash"
+    drafter_type: type[DFlashDrafter] = DFlashDrafter
 
     def spec(self, base: DrafterSpec, config: RunConfig) -> DFlashSpec:
         """Over the full vocabulary, with the mask token the config names or the tokenizer's default."""
@@ -410,15 +411,19 @@ class DFlash(Family):
         return default_mask_token(tokenizer, stop_token_ids(tokenizer))
 
     def new(self, spec: DFlashSpec, embedding: Tensor, lm_head: Tensor) -> DFlashDrafter:
-        return DFlashDrafter(spec, embedding, lm_head)
+        return self.drafter_type(spec, embedding, lm_head)
 
     def training(self, inputs: TrainingInputs) -> Training:
-        cfg = inputs.config.train.dflash
+        cfg = getattr(inputs.config.train, self.name)
         return Training(
             spec=self.spec(inputs.base, inputs.config),
-            objective=BlockObjective(cfg.anchors, cfg.block_size),
+            objective=self.objective(cfg),
             step_weights=decay_weights(cfg.block_size, cfg.decay),
         )
+
+    def objective(self, cfg: DFlashConfig) -> BlockObjective:
+        """How a batch is scored, from the family's own ``train.<name>`` section."""
+        return BlockObjective(cfg.anchors, cfg.block_size)
 
     def session(self, drafter: DFlashDrafter) -> DFlashSession:
         return DFlashSession(drafter)

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from eyas.config import ConfigError, RunConfig
+from eyas.config import ConfigError, DFlash2Config, RunConfig
 from eyas.drafter.families.dflash import (
     BlockObjective,
     DFlash,
@@ -51,12 +51,11 @@ from eyas.drafter.families.dflash import (
     DFlashSpec,
     block_labels,
     block_stats,
-    decay_weights,
     dflash_config,
     dflash_spec,
     sample_anchors,
 )
-from eyas.drafter.family import VLLM_SERVER, Training, TrainingInputs
+from eyas.drafter.family import VLLM_SERVER
 from eyas.drafter.spec import DrafterSpec
 
 DFLASH2_ARCH = "DFlash2DraftModel"
@@ -230,6 +229,7 @@ class DFlash2(DFlash):
     """vLLM serves a ``DFlash2DraftModel`` under the ``dflash`` method, in its GPU model runner only."""
     vllm_gpu_only = True
     llamacpp_p_min_reads = "the selector's probability of its pick among the K candidates"
+    drafter_type = DFlash2Drafter
 
     def spec(self, base: DrafterSpec, config: RunConfig) -> DFlash2Spec:
         cfg = config.train.dflash2
@@ -242,24 +242,10 @@ class DFlash2(DFlash):
                 f"train.dflash2.selector_top_k: llama.cpp packs K·(K+1) selector scores into a hidden state of {h}; "
                 f"K = {cfg.selector_top_k} needs {cfg.selector_top_k * (cfg.selector_top_k + 1)}"
             )
-        return DFlash2Spec(
-            **vars(block),
-            conv_kernel_size=cfg.conv_kernel_size,
-            conv_group_size=cfg.conv_group_size,
-            selector_rank=cfg.selector_rank,
-            selector_top_k=cfg.selector_top_k,
-        )
+        return DFlash2Spec(**vars(block), **{k: getattr(cfg, k) for k in OWN_KEYS})
 
-    def new(self, spec: DFlash2Spec, embedding: Tensor, lm_head: Tensor) -> DFlash2Drafter:
-        return DFlash2Drafter(spec, embedding, lm_head)
-
-    def training(self, inputs: TrainingInputs) -> Training:
-        cfg = inputs.config.train.dflash2
-        return Training(
-            spec=self.spec(inputs.base, inputs.config),
-            objective=SelectorObjective(cfg.anchors, cfg.block_size, cfg.selector_weight),
-            step_weights=decay_weights(cfg.block_size, cfg.decay),
-        )
+    def objective(self, cfg: DFlash2Config) -> SelectorObjective:
+        return SelectorObjective(cfg.anchors, cfg.block_size, cfg.selector_weight)
 
     def session(self, drafter: DFlash2Drafter) -> DFlash2Session:
         return DFlash2Session(drafter)

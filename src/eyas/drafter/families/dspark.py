@@ -232,6 +232,7 @@ class DSpark(DFlash):
     """llama.cpp converts a DSpark drafter to its DFlash architecture, with the heads' tensors."""
     llamacpp_spec_type = "draft-dspark"
     llamacpp_p_min_reads = "the confidence head's predicted acceptance"
+    drafter_type = DSparkDrafter
 
     def llamacpp_p_mins(self, spec: DSparkSpec, wanted: list[float]) -> list[float]:
         """Without a confidence head only 0: ``llama-server`` refuses a threshold it has nothing to
@@ -247,9 +248,6 @@ class DSpark(DFlash):
             markov_rank=cfg.markov_rank,
             confidence_head=cfg.confidence_head,
         )
-
-    def new(self, spec: DSparkSpec, embedding: Tensor, lm_head: Tensor) -> DSparkDrafter:
-        return DSparkDrafter(spec, embedding, lm_head)
 
     def training(self, inputs: TrainingInputs) -> Training:
         cfg = inputs.config.train.dspark
