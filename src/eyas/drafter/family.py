@@ -101,8 +101,6 @@ class Family(ABC):
     """llama.cpp's GGUF architecture for the drafter (which the target's graph must feed)."""
     llamacpp_spec_type: ClassVar[str]
     """``llama-server --spec-type`` that serves it."""
-    llamacpp_p_min_reads: ClassVar[str] = "the draft token's probability"
-    """What ``--spec-draft-p-min`` compares with, position by position, in the llama.cpp eyas pins."""
     broken_control: ClassVar[bool] = False
     """Whether eval adds the control that feeds the aux layers in the wrong order."""
 
@@ -179,7 +177,9 @@ class Family(ABC):
         return set()
 
     def llamacpp_p_mins(self, spec: DrafterSpec, wanted: list[float]) -> list[float]:
-        """The ``--spec-draft-p-min`` values of ``wanted`` that ``llama-server`` serves this drafter at."""
+        """The ``--spec-draft-p-min`` values of ``wanted`` that ``llama-server`` serves this drafter at
+        (the threshold is compared, position by position, with the draft token's probability unless
+        the family says otherwise)."""
         return wanted
 
     def options(self, spec: DrafterSpec) -> dict[str, bool]:

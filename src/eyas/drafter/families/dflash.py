@@ -300,10 +300,22 @@ class BlockObjective:
         anchors = sample_anchors(batch.loss_mask, self.anchors, seeds)
         logits = forward(batch.aux, batch.input_ids, anchors)
         answer, target_logits = block_labels(batch, anchors, self.positions, drafter.target_head.weight)
-        probs = torch.softmax(target_logits, dim=-1)
-        loss = -(probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
+        loss = soft_cross_entropy(target_logits, logits)
         hits = (logits.argmax(-1) == target_logits.argmax(-1)) & answer
         return block_stats(loss, answer, hits, answer)
+
+
+def soft_cross_entropy(target_logits: Tensor, logits: Tensor) -> Tensor:
+    """Per position, the cross-entropy of the drafter's ``logits`` against the target's distribution."""
+    return -(torch.softmax(target_logits, dim=-1) * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
+
+
+def block_tokens(input_ids: Tensor, anchors: Tensor, count: int) -> Tensor:
+    """[B,N,count] the tokens at a … a+count−1 of the blocks anchored at ``anchors`` [B,N] (the
+    last token where a block runs past its sample): what a block's positions follow, teacher-forced."""
+    where = anchors.clamp(min=0)[..., None] + torch.arange(count, device=anchors.device)
+    where = where.clamp(max=input_ids.shape[1] - 1)
+    return input_ids.gather(1, where.view(input_ids.shape[0], -1)).view_as(where)
 
 
 def block_labels(batch, anchors: Tensor, count: int, head: Tensor) -> tuple[Tensor, Tensor]:

@@ -20,6 +20,7 @@ Shape (names are the exported weight names, z-lab's layout that llama.cpp's conv
   hidden_projection(h_k), successor_codebook[c]⟩``, ``prev`` the token at a+k−1. Drafting walks
   the block greedily: ``prev`` is the anchor at k = 1, then each position's pick (one block pass;
   only the small selector walks). Training teacher-forces ``prev`` with the true token.
+  ``llama-server --spec-draft-p-min`` compares the softmax of the pick's score over the K.
 
 The objective (speculators', whose authors say z-lab published none): eyas's DFlash loss on the
 unary logits — soft cross-entropy against the target's distribution — plus ``selector_weight``
@@ -51,9 +52,11 @@ from eyas.drafter.families.dflash import (
     DFlashSpec,
     block_labels,
     block_stats,
+    block_tokens,
     dflash_config,
     dflash_spec,
     sample_anchors,
+    soft_cross_entropy,
 )
 from eyas.drafter.family import VLLM_SERVER
 from eyas.drafter.spec import DrafterSpec
@@ -126,7 +129,6 @@ class CandidateSelector(nn.Module):
 
     def __init__(self, spec: DFlash2Spec) -> None:
         super().__init__()
-        self.top_k = spec.selector_top_k
         self.predecessor_codebook = nn.Parameter(torch.randn(spec.vocab_size, spec.selector_rank) * INIT_STD)
         self.successor_codebook = nn.Parameter(torch.randn(spec.vocab_size, spec.selector_rank) * INIT_STD)
         self.hidden_projection = nn.Linear(spec.hidden_size, spec.selector_rank, bias=False)
@@ -167,9 +169,7 @@ class DFlash2Drafter(DFlashDrafter):
         serving would have had them."""
         hidden = self.block_hidden(features, input_ids, anchors)[:, :, 1:]
         logits = self.target_head(hidden)
-        before = anchors.clamp(min=0)[..., None] + torch.arange(hidden.shape[2], device=anchors.device)
-        where = before.clamp(max=input_ids.shape[1] - 1)
-        prev = input_ids.gather(1, where.view(input_ids.shape[0], -1)).view_as(where)
+        prev = block_tokens(input_ids, anchors, hidden.shape[2])
         candidates, label, served = training_candidates(logits, targets, self.spec.selector_top_k)
         return logits, self.candidate_selector(logits, hidden, prev, candidates), label, served
 
@@ -210,7 +210,7 @@ class SelectorObjective(BlockObjective):
         answer, target_logits = block_labels(batch, anchors, self.positions, drafter.target_head.weight)
         greedy = target_logits.argmax(-1)
         logits, scores, label, served = forward(batch.aux, batch.input_ids, anchors, greedy)
-        unary = -(torch.softmax(target_logits, dim=-1) * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
+        unary = soft_cross_entropy(target_logits, logits)
         selector = F.cross_entropy(scores.float().flatten(0, -2), label.flatten(), reduction="none")
         loss = unary + self.selector_weight * selector.view_as(label)
         hits = served & (scores.argmax(-1) == label) & answer
@@ -228,7 +228,6 @@ class DFlash2(DFlash):
     vllm_method = "dflash"
     """vLLM serves a ``DFlash2DraftModel`` under the ``dflash`` method, in its GPU model runner only."""
     vllm_gpu_only = True
-    llamacpp_p_min_reads = "the selector's probability of its pick among the K candidates"
     drafter_type = DFlash2Drafter
 
     def spec(self, base: DrafterSpec, config: RunConfig) -> DFlash2Spec:

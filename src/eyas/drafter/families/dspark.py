@@ -48,6 +48,7 @@ from eyas.drafter.families.dflash import (
     DFlashSpec,
     block_labels,
     block_stats,
+    block_tokens,
     dflash_config,
     dflash_spec,
     sample_anchors,
@@ -133,10 +134,7 @@ class DSparkDrafter(DFlashDrafter):
         """Training: logits [B,N,block_size,V_draft] and confidence logits [B,N,block_size] of the
         blocks anchored at ``anchors`` [B,N], each position after the true token before it."""
         hidden = self.block_hidden(features, input_ids, anchors)
-        offsets = torch.arange(self.spec.block_size, device=anchors.device)
-        where = (anchors.clamp(min=0)[..., None] + offsets).clamp(max=input_ids.shape[1] - 1)
-        prev = input_ids.gather(1, where.view(input_ids.shape[0], -1)).view_as(where)
-        return self.position_logits(hidden, prev)
+        return self.position_logits(hidden, block_tokens(input_ids, anchors, self.spec.block_size))
 
 
 class DSparkSession(DFlashSession):
@@ -231,12 +229,12 @@ class DSpark(DFlash):
     llamacpp_arch = "dflash"
     """llama.cpp converts a DSpark drafter to its DFlash architecture, with the heads' tensors."""
     llamacpp_spec_type = "draft-dspark"
-    llamacpp_p_min_reads = "the confidence head's predicted acceptance"
     drafter_type = DSparkDrafter
 
     def llamacpp_p_mins(self, spec: DSparkSpec, wanted: list[float]) -> list[float]:
-        """Without a confidence head only 0: ``llama-server`` refuses a threshold it has nothing to
-        compare with (the ``--spec-draft-conf-min`` of DeepSpec's papers is this flag in b11434)."""
+        """The threshold is compared with the confidence head's predicted acceptance, so without a
+        head only 0: ``llama-server`` refuses a threshold it has nothing to compare with (the
+        ``--spec-draft-conf-min`` of DeepSpec's papers is this flag in b11434)."""
         return wanted if spec.confidence_head else [0.0]
 
     def spec(self, base: DrafterSpec, config: RunConfig) -> DSparkSpec:
