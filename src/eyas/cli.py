@@ -9,7 +9,15 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from eyas.config import ConfigError, RunConfig, dump_config, load_config
+from eyas.config import (
+    ConfigError,
+    RunConfig,
+    ScalingConfig,
+    TuneConfig,
+    dump_config,
+    load_config,
+    parse_section,
+)
 from eyas.console import console, setup_logging
 from eyas.generate.http.errors import RunStopped
 from eyas.jsonl import JsonlError
@@ -266,6 +274,72 @@ def _exit_on_eval_failures(reports: list[dict]) -> None:
         failed |= bool(failures or engine_failures(report))
     if failed:
         raise typer.Exit(1)
+
+
+@app.command()
+def tune(
+    config: ConfigArg,
+    prompts: Annotated[
+        Path | None, typer.Option(help="Prompt file (any stage-1 format) instead of the held-out split.")
+    ] = None,
+    draft: Annotated[Path | None, typer.Option(help="Drafter directory (default: eval's, the run's export).")] = None,
+    budget_min: Annotated[
+        float | None, typer.Option("--budget-min", help="Minutes of measuring at most (default tune.budget_min).")
+    ] = None,
+    threads: Annotated[
+        str | None, typer.Option(help="llama-server thread counts to try, comma-separated (default tune.threads).")
+    ] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """The llama.cpp settings that decode fastest with the drafter on this machine, and whether it pays.
+
+    Races draft length × --spec-draft-p-min × threads against plain decoding and llama.cpp's
+    n-gram methods, then the best setting with several requests in flight; writes tune/report.json,
+    tune/speedup.png and the command into the GGUF export's README."""
+    from eyas import tune as stage
+
+    own = _open_run(config, quiet)
+    changes = {}
+    if budget_min is not None:
+        changes["budget_min"] = budget_min
+    if threads is not None:
+        try:
+            changes["threads"] = [int(t) for t in threads.split(",")]
+        except ValueError:
+            raise ConfigError(f"--threads: {threads!r} is not comma-separated whole numbers (e.g. 2,1)") from None
+    tune_config = parse_section(TuneConfig, {**own.tune.model_dump(), **changes}, "--budget-min, --threads (tune)")
+    views = own.drafter_views()
+    if draft is not None and len(views) > 1:
+        raise ConfigError(f"--draft: {config} trains several drafter families; use it with a config of one family")
+    overrides = {"prompts": prompts, "draft": draft}
+    eval_changes = {key: str(path.resolve()) for key, path in overrides.items() if path is not None}
+    for view in views:
+        eval_config = view.eval.model_copy(update=eval_changes)
+        stage.run(view.model_copy(update={"tune": tune_config, "eval": eval_config}), quiet)
+
+
+@app.command()
+def scaling(
+    config: ConfigArg,
+    target_tau: Annotated[
+        list[float] | None, typer.Option("--target-tau", help="τ to price (repeatable; default scaling.target_tau).")
+    ] = None,
+    quiet: QuietOpt = False,
+) -> None:
+    """Held-out τ against training samples: the gain per doubling, and the samples and price of a target τ.
+
+    Trains the run's recipe on nested subsets of its train split (at most the full run's
+    training compute in all), evaluates each like eval, fits τ against log2(samples); writes
+    scaling/report.json and scaling/tau.png. A run of several drafter families gets a curve each."""
+    from eyas import scaling as stage
+
+    own = _open_run(config, quiet)
+    section = own.scaling.model_dump()
+    if target_tau:
+        section["target_tau"] = target_tau
+    scaling_config = parse_section(ScalingConfig, section, "--target-tau (scaling)")
+    for view in own.drafter_views():
+        stage.run(view.model_copy(update={"scaling": scaling_config}), quiet)
 
 
 @app.command("run")

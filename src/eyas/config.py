@@ -477,6 +477,13 @@ class TrainConfig(Section):
         return self
 
 
+def _p_mins(values: list[float]) -> list[float]:
+    """``--spec-draft-p-min`` values, sorted without repeats; each a probability in [0, 1)."""
+    if any(not 0.0 <= v < 1.0 for v in values):
+        raise ValueError(f"each --spec-draft-p-min is a probability in [0, 1): got {values}")
+    return sorted(set(values))
+
+
 class EvalConfig(Section):
     num_draft_tokens: int = Field(default=3, ge=1, le=8)
     """Tokens the drafter proposes per target forward pass."""
@@ -522,8 +529,81 @@ class EvalConfig(Section):
     @field_validator("llamacpp_p_min")
     @classmethod
     def _p_min_is_a_probability(cls, values: list[float]) -> list[float]:
-        if any(not 0.0 <= v < 1.0 for v in values):
-            raise ValueError(f"each --spec-draft-p-min is a probability in [0, 1): got {values}")
+        return _p_mins(values)
+
+
+class TuneConfig(Section):
+    budget_min: float = Field(default=20.0, gt=0.0)
+    """Minutes of measuring `eyas tune` may spend; it reports what it has when they run out."""
+    max_prompts: int = Field(default=8, ge=1)
+    """Eval prompts (the held-out split, or `--prompts FILE`) every configuration decodes each round."""
+    max_new_tokens: int = Field(default=64, ge=2)
+    """Tokens decoded per prompt."""
+    max_draft_tokens: int = Field(default=4, ge=1, le=8)
+    """Longest draft length tried (a DFlash-style drafter is capped at its block size − 1)."""
+    p_min: list[float] = Field(default=[0.0, 0.5, 0.8], min_length=1)
+    """The coarse grid's `--spec-draft-p-min` values; the refinement tries p-min_step either side of the best."""
+    p_min_step: float = Field(default=0.15, gt=0.0, lt=1.0)
+    """How far from the best p-min the refinement looks."""
+    threads: list[int] | None = None
+    """`llama-server -t` values tried (default: every core, and half of them); speed-ups are against plain decoding with the first."""
+    in_flight: list[int] = [2, 4]
+    """Requests in flight the best drafter setting is also measured at (`-np N`, N concurrent clients), each against plain decoding at the same load."""
+    min_rounds: int = Field(default=2, ge=2)
+    """Rounds every phase measures before it may stop."""
+    max_rounds: int = Field(default=6, ge=2)
+    """Rounds a phase measures at most, separated or not."""
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    """Two-sided confidence of the intervals that decide when the best configuration stands apart."""
+
+    @field_validator("p_min")
+    @classmethod
+    def _p_min_is_a_probability(cls, values: list[float]) -> list[float]:
+        return _p_mins(values)
+
+    @field_validator("threads")
+    @classmethod
+    def _threads_are_positive(cls, values: list[int] | None) -> list[int] | None:
+        if values is not None and (not values or any(v < 1 for v in values)):
+            raise ValueError(f"thread counts are whole numbers from 1: got {values}")
+        return values if values is None else list(dict.fromkeys(values))
+
+    @field_validator("in_flight")
+    @classmethod
+    def _in_flight_above_one(cls, values: list[int]) -> list[int]:
+        if any(v < 2 for v in values):
+            raise ValueError(f"in-flight counts beyond the single stream are 2 or more: got {values}")
+        return sorted(set(values))
+
+    @model_validator(mode="after")
+    def _rounds_in_order(self) -> TuneConfig:
+        if self.max_rounds < self.min_rounds:
+            raise ValueError(f"max_rounds ({self.max_rounds}) is below min_rounds ({self.min_rounds})")
+        return self
+
+
+class ScalingConfig(Section):
+    fractions: list[float] = Field(default=[0.125, 0.25, 0.5], min_length=1)
+    """The nested subsets of the train split `eyas scaling` trains on, as fractions of its prompts (the full run is the last point)."""
+    target_tau: list[float] = Field(default=[1.7, 2.0], min_length=1)
+    """τ values whose sample count and price the fitted line predicts."""
+    seed: int = 0
+    """Which prompts each subset holds (the same seed, the same nested subsets)."""
+
+    @field_validator("fractions")
+    @classmethod
+    def _fractions_below_one(cls, values: list[float]) -> list[float]:
+        if any(not 0.0 < v < 1.0 for v in values):
+            raise ValueError(
+                f"each fraction is in (0, 1); the whole train split is the full run's own point: got {values}"
+            )
+        return sorted(set(values))
+
+    @field_validator("target_tau")
+    @classmethod
+    def _tau_above_one(cls, values: list[float]) -> list[float]:
+        if any(v <= 1.0 for v in values):
+            raise ValueError(f"τ counts the tokens of one target pass, so a target is above 1: got {values}")
         return sorted(set(values))
 
 
@@ -546,6 +626,10 @@ class RunConfig(Section):
     """Stage 6: the drafter (EAGLE-3, DFlash, or each of them)."""
     eval: EvalConfig = EvalConfig()
     """Stage 7: speculative decoding with the trained drafter."""
+    tune: TuneConfig = TuneConfig()
+    """`eyas tune`: the llama.cpp serving settings that decode fastest on this machine."""
+    scaling: ScalingConfig = ScalingConfig()
+    """`eyas scaling`: held-out τ against the number of training samples, and the price of more."""
     _family_subdir: str | None = PrivateAttr(default=None)
     """On the per-family views of a run that trains several drafter families: the subdirectory
     of run_dir that holds this family's train, export and eval (:meth:`drafter_views`)."""
@@ -610,8 +694,14 @@ def parse_config(data: Any, source: str = "<config>") -> RunConfig:
     """Validate a config mapping; errors name ``source`` and each bad key path."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: the config must be a mapping of keys, got {type(data).__name__}")
+    return parse_section(RunConfig, data, source)
+
+
+def parse_section(section: type[Section], data: dict, source: str):
+    """Validate ``data`` as ``section`` (a whole config, or one section changed from the command
+    line); errors name ``source`` and each bad key path."""
     try:
-        return RunConfig.model_validate(data)
+        return section.model_validate(data)
     except ValidationError as e:
         lines = [_format_error(err) for err in e.errors()]
         raise ConfigError(f"{source}: invalid config\n  " + "\n  ".join(lines)) from None

@@ -17,8 +17,8 @@ DRAFT_GGUF = "draft.gguf"
 """File names also used inside directories a stage writes elsewhere first (a temporary merge
 directory renamed into place) or that a reader opens by directory (hidden states)."""
 REDO_SUFFIX = ".redo"
-FAMILY_STAGES = ("train", "export", "eval")
-"""The stages, and so the stage directories, each drafter family of a run has to itself
+FAMILY_STAGES = ("train", "export", "eval", "tune", "scaling")
+"""The stages (and ``eyas tune`` and ``eyas scaling``), and so the directories, each drafter family of a run has to itself
 (``<run_dir>/<family>/``) when the run trains several; the stages before them are shared."""
 
 
@@ -169,3 +169,13 @@ class RunPaths:
     @property
     def eval_report(self) -> Path:
         return self.eval_dir / "report.json"
+
+    @property
+    def scaling_dir(self) -> Path:
+        """``eyas scaling``'s subsets, their drafters and its report."""
+        return self.stage_dir("scaling")
+
+    @property
+    def tune_dir(self) -> Path:
+        """``eyas tune``'s measurements and report (not a stage: nothing downstream reads it)."""
+        return self.stage_dir("tune")

@@ -23,3 +23,15 @@ def test_config_error_is_a_message_not_a_traceback(tmp_path):
     assert result.returncode == 2
     assert "generate.concurency: unknown key" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_tune_and_scaling_refuse_bad_flags_by_name(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("run_dir: out\n")
+    threads = eyas("tune", str(path), "--threads", "2,two")
+    assert threads.returncode == 2 and "--threads: '2,two' is not comma-separated whole numbers" in threads.stderr
+    budget = eyas("tune", str(path), "--budget-min", "0")
+    assert budget.returncode == 2 and "budget_min: Input should be greater than 0" in budget.stderr
+    tau = eyas("scaling", str(path), "--target-tau", "0.5")
+    assert tau.returncode == 2 and "target_tau" in tau.stderr and "above 1" in tau.stderr
+    assert "Traceback" not in threads.stderr + budget.stderr + tau.stderr

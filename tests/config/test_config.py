@@ -49,6 +49,22 @@ def test_llamacpp_p_min_values_are_probabilities_read_once_each_in_order():
         parse_config({"run_dir": "x", "eval": {"llamacpp_p_min": [1.0]}})
 
 
+@pytest.mark.parametrize(
+    ("section", "match"),
+    [
+        ({"tune": {"p_min": [0.95, 1.0]}}, r"tune\.p_min: .*\[0, 1\)"),
+        ({"tune": {"threads": [2, 0]}}, r"tune\.threads: .*from 1"),
+        ({"tune": {"in_flight": [1]}}, r"tune\.in_flight: .*2 or more"),
+        ({"tune": {"min_rounds": 4, "max_rounds": 3}}, r"tune: .*max_rounds \(3\) is below min_rounds \(4\)"),
+        ({"scaling": {"fractions": [0.5, 1.0]}}, r"scaling\.fractions: .*\(0, 1\)"),
+        ({"scaling": {"target_tau": [0.9]}}, r"scaling\.target_tau: .*above 1"),
+    ],
+)
+def test_tune_and_scaling_settings_are_refused_by_key(section, match):
+    with pytest.raises(ConfigError, match=match):
+        parse_config({"run_dir": "x", **section})
+
+
 def test_missing_required_key():
     with pytest.raises(ConfigError, match=r"run_dir: required key is missing"):
         parse_config({})

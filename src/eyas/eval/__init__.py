@@ -160,7 +160,7 @@ def run(config: RunConfig, quiet: bool = False, name: str | None = None) -> dict
             "--engine eyas: eval.in_process is false, so only vLLM runs the target; set it to true or drop --engine"
         )
     drafter_dir = draft_dir(config)
-    _require_drafter(config, drafter_dir)
+    require_drafter(config, drafter_dir)
     if cfg.engine == "llamacpp":
         from eyas.target.llamacpp_support import require_served
 
@@ -196,10 +196,10 @@ def draft_length(config: RunConfig, drafter_dir: Path) -> int:
     """``eval.num_draft_tokens`` as the drafter drafts them in one pass (a DFlash drafter at most
     its block size − 1, :meth:`~eyas.drafter.spec.DrafterSpec.draft_length`): what llama.cpp and
     vLLM are asked for, so no engine row is a longer draft in name only."""
-    return _drafter_spec(config, drafter_dir).draft_length(config.eval.num_draft_tokens)
+    return drafter_spec(config, drafter_dir).draft_length(config.eval.num_draft_tokens)
 
 
-def _drafter_spec(config: RunConfig, drafter_dir: Path):
+def drafter_spec(config: RunConfig, drafter_dir: Path):
     from eyas.drafter.families import read_spec
     from eyas.target import load_model_config, text_config
 
@@ -219,7 +219,7 @@ def _require_vllm_runs(family) -> None:
         )
 
 
-def _require_drafter(config: RunConfig, drafter_dir: Path) -> None:
+def require_drafter(config: RunConfig, drafter_dir: Path) -> None:
     """Refuse, before loading anything, a drafter directory that holds none, naming the command
     that writes it: the run's own export holds only the layouts its config serves, so another
     engine's layout (``--engine vllm`` reads ``export/vllm``) is one ``--format`` away."""
@@ -239,15 +239,9 @@ def _in_llamacpp(config: RunConfig, drafter_dir: Path, prompts: list[EvalPrompt]
     ``eyas export --format gguf`` writes and its README serves — the conversions of
     :mod:`eyas.target.llamacpp`, cached by content, in the precision the target's checkpoint
     declares (not the one eyas computes in here: f32 on a CPU)."""
-    from eyas.drafter.layout import dtype_name, target_dtype
     from eyas.eval.llamacpp_engine import measure, server_threads
-    from eyas.target import load_model_config
-    from eyas.target.llamacpp import GGUF_TYPES, draft_gguf, find_llamacpp, target_ggufs
 
-    llamacpp = find_llamacpp(config.target.llamacpp)
-    outtype = GGUF_TYPES[dtype_name(target_dtype(load_model_config(config.target)))]
-    ggufs = target_ggufs(config.target, llamacpp, outtype)
-    draft = draft_gguf(llamacpp, drafter_dir, ggufs)
+    llamacpp, ggufs, draft = served_ggufs(config, drafter_dir)
     # Measured once per drafter, target, prompts and settings, and only ever read back by the
     # build, thread count and machine that measured it (the section says which): timings of
     # another are not these.
@@ -268,6 +262,19 @@ def _in_llamacpp(config: RunConfig, drafter_dir: Path, prompts: list[EvalPrompt]
     return {**json.loads(cached.read_text()), "result_file": cached.name}
 
 
+def served_ggufs(config: RunConfig, drafter_dir: Path):
+    """The llama.cpp build, the target's GGUF files and the drafter's (converted from
+    ``drafter_dir``, cached by content) in the precision the target's checkpoint declares."""
+    from eyas.drafter.layout import dtype_name, target_dtype
+    from eyas.target import load_model_config
+    from eyas.target.llamacpp import GGUF_TYPES, draft_gguf, find_llamacpp, target_ggufs
+
+    llamacpp = find_llamacpp(config.target.llamacpp)
+    outtype = GGUF_TYPES[dtype_name(target_dtype(load_model_config(config.target)))]
+    ggufs = target_ggufs(config.target, llamacpp, outtype)
+    return llamacpp, ggufs, draft_gguf(llamacpp, drafter_dir, ggufs)
+
+
 def llamacpp_configurations(config: RunConfig, drafter_dir: Path, draft: Path, steps: int) -> dict[str, list[str]]:
     """The ``llama-server`` configurations eval measures the drafter at (``draft``: its GGUF):
     plain, n-grams, and draft lengths 1 … ``steps`` at each ``eval.llamacpp_p_min`` the family
@@ -276,7 +283,7 @@ def llamacpp_configurations(config: RunConfig, drafter_dir: Path, draft: Path, s
     from eyas.eval.llamacpp_engine import configurations
 
     family = family_at(drafter_dir)
-    p_mins = family.llamacpp_p_mins(_drafter_spec(config, drafter_dir), config.eval.llamacpp_p_min)
+    p_mins = family.llamacpp_p_mins(drafter_spec(config, drafter_dir), config.eval.llamacpp_p_min)
     return configurations(draft, steps, family, p_mins)
 
 

@@ -116,7 +116,15 @@ def measure(
         with contextlib.ExitStack() as stack:
             servers = {
                 name: stack.enter_context(
-                    _start(config, llamacpp, target, [*server_args, *args], prompts, out_dir / _log_name(name))
+                    start_server(
+                        config,
+                        llamacpp,
+                        target,
+                        [*server_args, *args],
+                        prompts,
+                        out_dir / log_name(name),
+                        cfg.max_new_tokens,
+                    )
                 )
                 for name, args in configs.items()
             }
@@ -131,19 +139,35 @@ def measure(
                     outputs[name][prompt.id] = answer["tokens"]
             for name, server in servers.items():
                 rounds[name].append(tuple(totals[name]))
-                counters[name].append(_spent(before[name], server.counters()))
+                counters[name].append(spent(before[name], server.counters()))
         log.info("llama.cpp: round %d of %d done", round_ + 1, cfg.llamacpp_repeats)
     differing = [p for p in prompts if any(outputs[name][p.id] != outputs[PLAIN][p.id] for name in configs)]
-    probs = _plain_top2(config, llamacpp, target, server_args, differing, out_dir) if differing else {}
+    probs = (
+        plain_top2(config, llamacpp, target, server_args, differing, out_dir, cfg.max_new_tokens) if differing else {}
+    )
     return _section(configs, rounds, outputs, counters, probs, prompts, target, cfg)
 
 
-def _start(config: RunConfig, llamacpp: LlamaCpp, target: Path, args: list[str], prompts: list, log_path: Path):
+def start_server(
+    config: RunConfig,
+    llamacpp: LlamaCpp,
+    target: Path,
+    args: list[str],
+    prompts: list,
+    log_path: Path,
+    max_new_tokens: int,
+    threads: int | None = None,
+    slots: int | None = None,
+):
     """A fresh server for one configuration, past its one-off start-up costs (a short untimed
-    completion of a prompt's first token alone, which teaches the n-gram methods nothing)."""
-    context = max(len(p.input_ids) for p in prompts) + config.eval.max_new_tokens + 16
-    common = ["-m", str(target), "-c", str(context), "--no-warmup"]
-    server = LlamaServer(llamacpp, common + args, log_path, config.target.engine_timeout_s, server_threads())
+    completion of a prompt's first token alone, which teaches the n-gram methods nothing), with
+    ``threads`` (default :func:`server_threads`) and room for the longest prompt and
+    ``max_new_tokens`` in each of ``slots`` requests in flight (``-np``; None: llama-server's
+    default)."""
+    context = (max(len(p.input_ids) for p in prompts) + max_new_tokens + 16) * (slots or 1)
+    common = ["-m", str(target), "-c", str(context), "--no-warmup", *(["-np", str(slots)] if slots else [])]
+    timeout = config.target.engine_timeout_s
+    server = LlamaServer(llamacpp, common + args, log_path, timeout, threads or server_threads())
     try:
         server.complete(prompts[0].input_ids[:1], 4)
     except BaseException:
@@ -152,11 +176,14 @@ def _start(config: RunConfig, llamacpp: LlamaCpp, target: Path, args: list[str],
     return server
 
 
-def _plain_top2(config: RunConfig, llamacpp: LlamaCpp, target: Path, server_args, prompts: list, out_dir: Path):
+def plain_top2(
+    config: RunConfig, llamacpp: LlamaCpp, target: Path, server_args, prompts: list, out_dir: Path, max_new_tokens: int
+):
     """Prompt id -> plain decoding's output and, for each of its tokens, the two most likely
     tokens with their log-probabilities (untimed: asking for them costs time)."""
-    with _start(config, llamacpp, target, list(server_args), prompts, out_dir / _log_name("plain-top2")) as server:
-        answers = {p.id: server.complete(p.input_ids, config.eval.max_new_tokens, n_probs=2) for p in prompts}
+    log_path = out_dir / log_name("plain-top2")
+    with start_server(config, llamacpp, target, list(server_args), prompts, log_path, max_new_tokens) as server:
+        answers = {p.id: server.complete(p.input_ids, max_new_tokens, n_probs=2) for p in prompts}
     return {
         pid: (a["tokens"], [t["top_logprobs"] for t in a["completion_probabilities"]]) for pid, a in answers.items()
     }
@@ -176,7 +203,7 @@ def tie_margin(reference: list[int], output: list[int], top2: list[list[dict]], 
     return margin if margin <= limit else None
 
 
-def _lossless(prompts: list, outputs: dict, reference: dict, probs: dict, limit: float) -> dict:
+def lossless(prompts: list, outputs: dict, reference: dict, probs: dict, limit: float) -> dict:
     """Prompts identical to plain, those that depart at a float tie (with the margin), and the rest."""
     ties, mismatched = [], []
     for p in prompts:
@@ -196,11 +223,12 @@ def _lossless(prompts: list, outputs: dict, reference: dict, probs: dict, limit:
     }
 
 
-def _log_name(name: str) -> str:
+def log_name(name: str) -> str:
+    """A server log's file name for a configuration's name."""
     return "llama-server-" + name.replace(", ", "-").replace("=", "") + ".log"
 
 
-def _spent(before: dict, after: dict) -> dict:
+def spent(before: dict, after: dict) -> dict:
     per_pos = [b - a for a, b in zip(before["num_accepted_tokens_per_pos"], after["num_accepted_tokens_per_pos"])]
     spent = {k: after[k] - before.get(k, 0.0) for k in after if k != "num_accepted_tokens_per_pos"}
     return {**spent, "num_accepted_tokens_per_pos": per_pos}
@@ -227,7 +255,7 @@ def _section(configs, rounds, outputs, counters, probs, prompts, target: Path, c
             "tokens_per_s": median,
             "tokens_per_s_rounds": speeds[name],
             "speedup": median / plain if plain else None,
-            "lossless": _lossless(prompts, outputs[name], reference, probs, cfg.llamacpp_tie_margin),
+            "lossless": lossless(prompts, outputs[name], reference, probs, cfg.llamacpp_tie_margin),
         }
     drafted = [n for n in methods if is_drafted(n)]
     best = max(drafted, key=lambda n: methods[n]["tokens_per_s"])

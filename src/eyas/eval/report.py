@@ -52,6 +52,7 @@ def summarize(
             sum(r.accepted_at[i] for r in results if r.accepted_at) / passes if passes else 0.0 for i in range(k)
         ],
         "tau_per_dataset": {d: g / p if p else 1.0 for d, (g, p) in sorted(per_dataset.items())},
+        "tau_per_prompt": {r.prompt_id: (len(r.tokens) - 1) / r.passes if r.passes else 1.0 for r in results},
         "seconds": seconds,
         "tokens_per_s": tps,
         "speedup": tps / plain_tps if plain_tps else None,

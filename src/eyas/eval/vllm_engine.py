@@ -61,6 +61,7 @@ def summarize_vllm(result: dict, prompt_ids: list[str], k: int, reference: dict[
         "tau": 1 + accepted / drafts if drafts else 1.0,
         "per_position": [a / drafts if drafts else 0.0 for a in per_pos],
         "tau_per_dataset": {},
+        "tau_per_prompt": {},
         "speedup": None,
         "load_seconds": result["load_seconds"],
     }

@@ -13,6 +13,7 @@ world-th sample of it. Resuming at step s therefore needs nothing but s.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,6 +164,18 @@ both the target forward and the drafter would spend compute on), while the group
 enough that batch order stays random."""
 
 
+def steps_per_epoch(num_samples: int, batch_size: int) -> int:
+    """Full batches in one pass over the samples (the last partial one is left out)."""
+    return max(1, num_samples // batch_size)
+
+
+def total_steps(cfg, num_samples: int) -> int:
+    """Optimizer steps a run on ``num_samples`` trains for: ``train.epochs`` passes, at most
+    ``train.max_steps``."""
+    total = math.ceil(cfg.epochs * steps_per_epoch(num_samples, cfg.batch_size))
+    return min(total, cfg.max_steps) if cfg.max_steps else total
+
+
 class Schedule:
     """Which samples each optimizer step reads."""
 
@@ -177,7 +190,7 @@ class Schedule:
 
     @property
     def steps_per_epoch(self) -> int:
-        return max(1, self.num_samples // self.batch_size)
+        return steps_per_epoch(self.num_samples, self.batch_size)
 
     def global_batch(self, step: int) -> list[int]:
         epoch, index = divmod(step, self.steps_per_epoch)

@@ -34,7 +34,7 @@ from eyas.target import load_model, load_tokenizer, stop_token_ids
 from eyas.target.capture import check_aux_layers, num_decoder_layers
 from eyas.target.heads import TargetParts, from_files, from_model
 from eyas.train import CONTINUED_KEY, CONTRACT, LENGTH_KEYS, checkpoint, runs_target
-from eyas.train.data import OfflineSource, OnlineSource, Schedule, check_sizes, read_split
+from eyas.train.data import OfflineSource, OnlineSource, Schedule, check_sizes, read_split, total_steps
 from eyas.train.distributed import World
 from eyas.train.evaluate import evaluate, summarize, totals
 from eyas.train.metrics import MetricsLog
@@ -234,8 +234,7 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=drafter_family.lr(cfg), weight_decay=cfg.weight_decay)
     schedule = Schedule(source.lengths(), cfg.batch_size, cfg.seed)
-    total = math.ceil(cfg.epochs * schedule.steps_per_epoch)
-    total = min(total, cfg.max_steps) if cfg.max_steps else total
+    total = total_steps(cfg, schedule.num_samples)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(total, round(cfg.warmup_ratio * total)))
     return Trainer(
         cfg=cfg,

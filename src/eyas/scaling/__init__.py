@@ -1,0 +1,170 @@
+"""``eyas scaling CONFIG``: will more data help, by how much, and what will it cost?
+
+Trains the run's own recipe on nested subsets of its train split (``scaling.fractions`` of the
+prompts, every answer to a prompt kept with it, :func:`eyas.scaling.plan.nested_subsets`),
+each for its share of the full run's steps, so all of them together cost less than the full run
+once. Each subset's drafter, and the run's own, are evaluated by eval's own decoder on the same
+held-out prompts; τ is fitted against log₂(samples) (:func:`eyas.scaling.plan.fit_log2`).
+
+Prints and writes (``<run_dir>/scaling/report.json``, ``tau.png``): the gain per doubling with
+its standard error, the train samples each ``scaling.target_tau`` needs, and their price from
+the run's own measured rates — generation (dollars from the ledger for an API run, seconds
+from generate's marker otherwise), extraction and training (their markers) — for the added
+samples and for training again on all of them.
+
+Each subset lives in ``scaling/<samples>-<digest>/`` (a merge directory holding its train rows
+and the run's held-out split, its ``train/`` and ``eval/``): an interrupted run resumes where
+it stopped, as those stages do, and a changed subset gets a directory of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import statistics
+from pathlib import Path
+
+from eyas.config import ConfigError, RunConfig
+from eyas.paths import MARKER, RunPaths
+from eyas.records import content_hash
+from eyas.scaling.plan import Point, fit_log2, nested_subsets, subset_steps
+
+log = logging.getLogger(__name__)
+
+
+def run(config: RunConfig, quiet: bool = False) -> dict:
+    """Train and evaluate every subset (resuming what is done), fit, price; the report."""
+    from eyas.merge.reader import iter_split
+    from eyas.scaling.report import finish
+    from eyas.stage import StageError, check
+    from eyas.train import CONTRACT as TRAIN
+    from eyas.train.data import total_steps
+
+    paths = RunPaths.of(config)
+    if config.extract.mode != "online":
+        raise ConfigError(
+            "extract.mode: scaling trains its subsets online (the target's states computed per batch); "
+            "offline shards are indexed by the full train split's rows. Set extract.mode: online for `eyas scaling`"
+        )
+    if check(config, TRAIN, paths).status != "current":
+        raise StageError(f"scaling: {paths.train_final} is not current; run `eyas train CONFIG` first")
+    ids = [row["id"] for row in iter_split(paths, "train", ["id"])]
+    full_steps = total_steps(config.train, len(ids))
+    points, rows = [], []
+    for fraction, subset in sorted(nested_subsets(ids, config.scaling.fractions, config.scaling.seed).items()):
+        steps = subset_steps(full_steps, len(ids), len(subset))
+        subset_config = _subset(config, paths, sorted(subset), steps, fraction)
+        seconds = _train(subset_config, quiet)
+        point, tau = _evaluate(subset_config, RunPaths.of(subset_config).train_final)
+        points.append(point)
+        rows.append({"fraction": fraction, "samples": len(subset), "steps": steps, **tau, **seconds})
+    full_dir = paths.scaling_dir / f"{len(ids)}-full"
+    full_config = _linked(config, full_dir)
+    point, tau = _evaluate(full_config, paths.train_final)
+    points.append(point)
+    full_train = _marker_run(paths.marker("train"))
+    rows.append({"fraction": 1.0, "samples": len(ids), "steps": full_steps, **tau, **full_train})
+    report = {"family": config.train.drafter, "points": rows, "full_steps": full_steps}
+    return finish(config, report, fit_log2(points), paths, quiet)
+
+
+def _subset(config: RunConfig, paths: RunPaths, ids: list[str], steps: int, fraction: float) -> RunConfig:
+    """The run as it trains on ``ids``: a directory whose merge holds those train rows and the
+    run's own held-out split, and a train section running ``steps`` (its evaluations and
+    checkpoints as often, relative to its length, as the full run's)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from eyas.merge.reader import split_files
+    from eyas.train.data import steps_per_epoch
+
+    where = paths.scaling_dir / f"{len(ids)}-{content_hash(ids)[:12]}"
+    merge = where / "merge"
+    if not (merge / MARKER).is_file():
+        tmp = where / "merge.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        table = pa.concat_tables([pq.read_table(f) for f in split_files(paths, "train")])
+        pq.write_table(table.filter(pc.is_in(table.column("id"), value_set=pa.array(ids))), tmp / "train-00000.parquet")
+        for f in [*split_files(paths, "eval"), paths.merge_stats, paths.marker("merge")]:
+            shutil.copy(f, tmp / f.name)
+        shutil.rmtree(merge, ignore_errors=True)
+        os.replace(tmp, merge)
+    cfg = config.train
+    train = cfg.model_copy(
+        update={
+            "max_steps": steps,
+            "epochs": steps / steps_per_epoch(len(ids), cfg.batch_size),
+            "eval_every": max(1, round(cfg.eval_every * fraction)),
+            "checkpoint_every": max(1, round(cfg.checkpoint_every * fraction)),
+        }
+    )
+    return config.model_copy(update={"run_dir": str(where), "train": train})
+
+
+def _linked(config: RunConfig, where: Path) -> RunConfig:
+    """A directory whose merge is the run's own, for evaluating the run's drafter beside the subsets."""
+    where.mkdir(parents=True, exist_ok=True)
+    link = where / "merge"
+    if not link.exists():
+        os.symlink(RunPaths.of(config).merge_dir.resolve(), link)
+    return config.model_copy(update={"run_dir": str(where)})
+
+
+def _train(config: RunConfig, quiet: bool) -> dict:
+    """Train the subset unless its drafter is current; its marker's timings."""
+    from eyas import train
+    from eyas.stage import check
+
+    paths = RunPaths.of(config)
+    if check(config, train.CONTRACT, paths).status != "current":
+        train.run(config, quiet=quiet, redo=True)
+    return _marker_run(paths.marker("train"))
+
+
+def _marker_run(marker: Path) -> dict:
+    run = json.loads(marker.read_text())["run"]
+    return {"train_seconds": run["seconds"], "train_cpu_seconds": run["cpu_seconds"]}
+
+
+def _evaluate(config: RunConfig, drafter: Path) -> tuple[Point, dict]:
+    """Held-out τ of ``drafter`` by eval's own decoder (greedy, the run's eval settings, no
+    control), with its standard error from the spread over the prompts."""
+    from eyas import eval as evaluation
+    from eyas.merge.reader import split_lengths
+
+    settings = {"engine": "eyas", "broken_control": False, "draft": str(drafter), "temperature": 0.0}
+    eval_config = config.model_copy(update={"eval": config.eval.model_copy(update=settings)})
+    method = evaluation.run(eval_config, quiet=True)["methods"][config.train.drafter]
+    per_prompt = list(method["tau_per_prompt"].values())
+    se = statistics.stdev(per_prompt) / len(per_prompt) ** 0.5 if len(per_prompt) > 1 else 0.0
+    samples = len(split_lengths(RunPaths.of(config), "train"))
+    return Point(samples, method["tau"], se), {"tau": method["tau"], "tau_se": se, "prompts": len(per_prompt)}
+
+
+def per_sample(config: RunConfig) -> dict:
+    """What a sample costs this run, from its own markers: generating it (per sample generated,
+    held-out ones included: wall and CPU seconds, and dollars from the ledger for an API run),
+    extracting its states (offline runs) and training on it (per train sample, at the run's
+    passes per sample)."""
+    from eyas.merge.reader import split_lengths
+
+    paths = RunPaths.of(config)
+    trained = len(split_lengths(paths, "train"))
+    counts = {"generate": trained + len(split_lengths(paths, "eval")), "extract": trained, "train": trained}
+    costs = {}
+    for stage, samples in counts.items():
+        marker = paths.marker(stage)
+        if marker.is_file() and samples:
+            run = json.loads(marker.read_text())["run"]
+            costs[stage] = {"seconds": run["seconds"] / samples, "cpu_seconds": run["cpu_seconds"] / samples}
+    ledger = paths.generate_dir / "ledger.jsonl"
+    if config.generate.backend == "openai" and ledger.is_file():
+        from eyas.generate.http.budget import replay
+
+        spending, _ = replay(ledger)
+        costs.setdefault("generate", {})["usd"] = spending.spent / counts["generate"]
+    return costs

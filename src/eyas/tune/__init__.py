@@ -1,0 +1,328 @@
+"""``eyas tune CONFIG``: the ``llama-server`` settings that decode fastest with the drafter on
+this machine, and whether serving it pays at all.
+
+Consumes the exported drafter (``--draft DIR``, default eval's) and prompts (the held-out split
+or ``--prompts FILE``, ``tune.max_prompts`` of them). Races cells (:mod:`eyas.tune.plan`):
+plain decoding, llama.cpp's n-gram methods and the drafter at draft lengths × ``--spec-draft-p-min``
+(the family's own threshold) × threads, then the best setting at several requests in flight,
+each round side by side (:mod:`eyas.tune.rounds`), until the best stands apart or
+``tune.budget_min`` runs out. Every cell's output is checked against plain greedy decoding
+(float ties told apart as eval does, :mod:`eyas.eval.llamacpp_engine`); a cell that differs is
+never recommended.
+
+Produces ``<run_dir>/tune/report.json``, ``speedup.png``, a printed table, and, for the run's
+own export, a "Tuned on this machine" section in ``export/gguf/README.md`` with the exact
+command — or the statement that this drafter should not be served here.
+
+Rounds are appended to ``tune/rounds-<key>.jsonl`` as they finish, keyed by the drafter's and
+target's GGUF content, the llama.cpp build, the thread counts, the machine and every setting
+that shapes a round: an interrupted tune resumes where it stopped (its decisions are replayed
+from the rounds), and none of another drafter, build, thread count or machine is ever read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eyas.config import RunConfig
+from eyas.files import write_text_atomic
+from eyas.jsonl import DurableAppender, read_jsonl, recover
+from eyas.paths import RunPaths
+from eyas.records import content_hash
+from eyas.tune import plan
+from eyas.tune.plan import PLAIN, Cell, Estimate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Served:
+    """What every round serves: the build, the two GGUF files, the drafter's spec type, the prompts."""
+
+    llamacpp: object
+    target: Path
+    draft: Path
+    spec_type: str
+    prompts: list
+
+
+@dataclass
+class Race:
+    """Every round so far, replayed from the rounds file before any is measured."""
+
+    recorded: list[dict]
+    appender: DurableAppender
+    budget_s: float
+    rounds: list[dict] = field(default_factory=list)
+    exhausted: bool = False
+    diverged: bool = False
+    """A recorded round was not the one the race measures next: the file is rewritten to the race's own rounds."""
+
+    @property
+    def spent_s(self) -> float:
+        return sum(r["seconds"] for r in self.rounds)
+
+
+def run(config: RunConfig, quiet: bool = False) -> dict:
+    """Tune and return the report (also written to ``tune/report.json``)."""
+    from eyas import eval as evaluation
+    from eyas.drafter.families import family_at, options_set
+    from eyas.eval.prompts import load_eval_prompts
+    from eyas.target import load_tokenizer
+    from eyas.target.llamacpp_support import require_served
+
+    cfg = config.tune
+    paths = RunPaths.of(config)
+    drafter_dir = evaluation.draft_dir(config)
+    evaluation.require_drafter(config, drafter_dir)
+    family = family_at(drafter_dir)
+    require_served(config.target, family, options_set(drafter_dir))
+    spec = evaluation.drafter_spec(config, drafter_dir)
+    longest = spec.draft_length(cfg.max_draft_tokens)
+    p_mins = family.llamacpp_p_mins(spec, cfg.p_min)
+    prompt_config = config.model_copy(update={"eval": config.eval.model_copy(update={"max_prompts": cfg.max_prompts})})
+    prompts = load_eval_prompts(prompt_config, load_tokenizer(config.target))
+    llamacpp, ggufs, draft = evaluation.served_ggufs(config, drafter_dir)
+    served = Served(llamacpp, ggufs.same_precision, draft, family.llamacpp_spec_type, prompts)
+    threads = cfg.threads or sorted({os.cpu_count() or 1, max(1, (os.cpu_count() or 1) // 2)}, reverse=True)
+    measured_by = {
+        "llama-server": llamacpp.build_identity(),
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "threads": threads,
+    }
+    key = {
+        "draft": draft.name,
+        "target": ggufs.same_precision.name,
+        "prompts": [content_hash(p.input_ids) for p in prompts],
+        "settings": cfg.model_dump(mode="json", exclude={"budget_min", "threads"}),
+        "measured_by": measured_by,
+    }
+    paths.tune_dir.mkdir(parents=True, exist_ok=True)
+    rounds_path = paths.tune_dir / f"rounds-{content_hash(key)}.jsonl"
+    if rounds_path.exists():
+        recover(rounds_path)
+    recorded = [row for _, row in read_jsonl(rounds_path)] if rounds_path.exists() else []
+    with DurableAppender(rounds_path) as appender:
+        race = Race(recorded, appender, cfg.budget_min * 60)
+        result = _tune(config, served, race, threads, longest, p_mins, paths.tune_dir)
+    if race.diverged or race.recorded:
+        write_text_atomic(rounds_path, "".join(json.dumps(r) + "\n" for r in race.rounds))
+    report = {
+        "drafter": str(drafter_dir),
+        "family": family.name,
+        "spec_type": family.llamacpp_spec_type,
+        "draft": str(draft),
+        "target": str(ggufs.same_precision),
+        "prompts": len(prompts),
+        "max_new_tokens": cfg.max_new_tokens,
+        "measured_by": measured_by,
+        "rounds_file": rounds_path.name,
+        "budget": {"minutes": cfg.budget_min, "spent_s": race.spent_s, "exhausted": race.exhausted},
+        **result,
+    }
+    from eyas.tune.report import finish
+
+    return finish(config, report, paths, llamacpp, quiet)
+
+
+def _tune(config, served: Served, race: Race, threads: list[int], longest: int, p_mins: list[float], out_dir: Path):
+    """The three phases, each a race, and what they found."""
+    cfg = config.tune
+    first = threads[0]
+    checks = Lossless(config, served, out_dir, first)
+    phases = [_phase("coarse", plan.coarse(first, longest, p_mins), config, served, race, checks, first)]
+    best = _best(race, checks, first, drafted=True)
+    if best is not None and not race.exhausted:
+        baseline = _best(race, checks, first, drafted=False)
+        cells = [best, baseline, *plan.refine(best, longest, p_mins, cfg.p_min_step, threads)]
+        phases.append(_phase("refine", list(dict.fromkeys(cells)), config, served, race, checks, first))
+        best = _best(race, checks, first, drafted=True)
+    baseline = _best(race, checks, first, drafted=False)
+    if best is not None and cfg.in_flight and not race.exhausted:
+        cells = plan.load(best, baseline, cfg.in_flight, longest)
+        phases.append(_phase("load", cells, config, served, race, checks, first))
+    estimates = _estimates(race.rounds, first, cfg.confidence)
+    found = {c.key: {**_figures(c, e, race.rounds), "lossless": checks.result(c)} for c, e in estimates.items()}
+    loads: dict[int, Estimate] = {}
+    for cell, e in estimates.items():
+        fastest = loads.get(cell.in_flight)
+        if cell.drafted and checks.passes(cell) and (fastest is None or e.speedup > fastest.speedup):
+            loads[cell.in_flight] = e
+    return {
+        "phases": phases,
+        "cells": found,
+        "best": best.key if best is not None else None,
+        "baseline": baseline.key,
+        "in_flight": {str(k): e.speedup for k, e in sorted(loads.items())},
+        "crossover": plan.crossover(loads),
+    }
+
+
+def _phase(name: str, cells: list[Cell], config, served: Served, race: Race, checks, first: int) -> dict:
+    """Rounds of ``cells`` (and their anchors) until the leader of each load stands apart, the
+    rounds run out or the budget does; what the phase measured and decided."""
+    from eyas.tune.rounds import measure_round
+
+    cfg = config.tune
+    active = set(cells)
+    taken = 0
+    separated = False
+    while taken < cfg.max_rounds and not (taken >= cfg.min_rounds and separated):
+        measuring = sorted(active | {c.anchor(first) for c in active})
+        if race.recorded and _replays(race.recorded[0], name, measuring):
+            round_ = race.recorded.pop(0)
+        else:
+            race.diverged |= bool(race.recorded)
+            race.recorded.clear()
+            if race.spent_s + _expected_s(race, measuring) > race.budget_s:
+                race.exhausted = True
+                break
+            started = time.monotonic()
+            measured = measure_round(
+                config,
+                served.llamacpp,
+                served.target,
+                served.draft,
+                served.spec_type,
+                measuring,
+                served.prompts,
+                checks.out_dir,
+            )
+            round_ = {"phase": name, "seconds": time.monotonic() - started, "cells": measured}
+            race.appender.write_json(round_)
+        race.rounds.append(round_)
+        taken += 1
+        log.info("tune: %s round %d, %d cells", name, taken, len(measuring))
+        checks.add(round_)
+        estimates = _estimates([r for r in race.rounds if r["phase"] == name], first, cfg.confidence)
+        separated = True
+        for load in {c.in_flight for c in active}:
+            group = {c: e for c, e in estimates.items() if c.in_flight == load}
+            eligible = {c for c in group if checks.passes(c)}
+            if not eligible:
+                continue
+            outcome = plan.race(group, eligible)
+            active -= outcome.dropped - {c.anchor(first) for c in group}
+            separated &= outcome.separated
+    return {"name": name, "rounds": taken, "separated": separated, "cells": [c.key for c in cells]}
+
+
+def _replays(recorded: dict, phase: str, cells: list[Cell]) -> bool:
+    """Whether a recorded round is the one this point of the race measures (it is, unless the
+    rounds file was edited: then the race measures afresh from here)."""
+    return recorded["phase"] == phase and set(recorded["cells"]) == {c.key for c in cells}
+
+
+def _expected_s(race: Race, cells: list[Cell]) -> float:
+    """The next round's time, from the last one's per cell (0 before any: the first always runs)."""
+    if not race.rounds:
+        return 0.0
+    last = race.rounds[-1]
+    return last["seconds"] / len(last["cells"]) * len(cells)
+
+
+def _estimates(rounds: list[dict], first: int, confidence: float) -> dict[Cell, Estimate]:
+    pooled: dict[Cell, list[float]] = {}
+    for round_ in rounds:
+        for key in round_["cells"]:
+            cell = Cell.from_key(key)
+            pooled.setdefault(cell, []).extend(plan.ratios(round_["cells"], cell, first))
+    return {cell: plan.estimate(r, confidence) for cell, r in pooled.items() if r}
+
+
+def _best(race: Race, checks: Lossless, first: int, drafted: bool) -> Cell | None:
+    """The fastest single-stream cell whose outputs were plain's, over every round so far: with
+    the drafter (None if none passed), or without it (plain at some thread count or an n-gram
+    method; plain with the first thread count if nothing else passed)."""
+    estimates = _estimates(race.rounds, first, checks.config.tune.confidence)
+    cells = [c for c in estimates if c.in_flight == 1 and c.drafted == drafted and checks.passes(c)]
+    fastest = max(cells, key=lambda c: (estimates[c].speedup, c), default=None)
+    return fastest if fastest is not None or drafted else Cell(PLAIN, first)
+
+
+def _figures(cell: Cell, e: Estimate, rounds: list[dict]) -> dict:
+    """A cell's speed-up with its interval, its own tokens per second, and τ from llama.cpp's counters."""
+    mine = [r["cells"][cell.key] for r in rounds if cell.key in r["cells"]]
+    tokens = sum(t for m in mine for t, _ in m["waves"])
+    seconds = sum(s for m in mine for _, s in m["waves"])
+    drafts = sum(m["counters"].get("num_drafts", 0.0) for m in mine)
+    accepted = sum(m["counters"].get("num_accepted_tokens", 0.0) for m in mine)
+    return {
+        "speedup": e.speedup,
+        "low": e.low,
+        "high": e.high,
+        "samples": e.samples,
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "tau": 1 + accepted / drafts if drafts else None,
+    }
+
+
+class Lossless:
+    """Every cell's outputs against plain greedy decoding (the anchor's first round), float
+    ties told apart by plain's top two log-probabilities (asked of a plain server once per
+    prompt that ever differs)."""
+
+    def __init__(self, config, served: Served, out_dir: Path, first: int):
+        self.config, self.served, self.out_dir, self.first = config, served, out_dir, first
+        self.reference: dict[str, list[int]] | None = None
+        self.top2: dict[str, tuple] = {}
+        self.outputs: dict[Cell, dict[str, list[list[int]]]] = {}
+
+    def add(self, round_: dict) -> None:
+        from eyas.eval.llamacpp_engine import plain_top2
+
+        if self.reference is None:
+            self.reference = round_["cells"][Cell(PLAIN, self.first).key]["outputs"]
+        for key, measured in round_["cells"].items():
+            seen = self.outputs.setdefault(Cell.from_key(key), {})
+            for pid, tokens in measured["outputs"].items():
+                seen.setdefault(pid, []).append(tokens)
+        differing = {
+            pid
+            for seen in self.outputs.values()
+            for pid, outputs in seen.items()
+            if any(o != self.reference[pid] for o in outputs) and pid not in self.top2
+        }
+        if differing:
+            prompts = [p for p in self.served.prompts if p.id in differing]
+            self.top2 |= plain_top2(
+                self.config,
+                self.served.llamacpp,
+                self.served.target,
+                (),
+                prompts,
+                self.out_dir,
+                self.config.tune.max_new_tokens,
+            )
+
+    def result(self, cell: Cell) -> dict:
+        """Like eval's check (:func:`eyas.eval.llamacpp_engine.lossless`), over every round."""
+        from eyas.eval.llamacpp_engine import tie_margin
+
+        ties, mismatched, checked = [], [], 0
+        for pid, outputs in self.outputs.get(cell, {}).items():
+            for output in outputs:
+                checked += 1
+                if output == self.reference[pid]:
+                    continue
+                plain_again, top2 = self.top2[pid]
+                limit = self.config.eval.llamacpp_tie_margin
+                margin = (
+                    tie_margin(self.reference[pid], output, top2, limit) if plain_again == self.reference[pid] else None
+                )
+                if margin is None:
+                    mismatched.append(pid)
+                else:
+                    ties.append({"prompt": pid, "margin": margin})
+        identical = checked - len(ties) - len(mismatched)
+        return {"checked": checked, "identical": identical, "float_ties": ties, "mismatched": sorted(set(mismatched))}
+
+    def passes(self, cell: Cell) -> bool:
+        return not self.result(cell)["mismatched"]

@@ -1,0 +1,75 @@
+"""``eyas tune`` on the embedded target in a real llama-server: the race, the command it writes,
+a planted difference failing its cell, and measurements never reused by another thread count."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from eyas.config import load_config
+from tests.eval.conftest import overfit  # noqa: F401  (the session's overfit drafter)
+from tests.eval.overfit import engine_eval_config
+
+pytestmark = pytest.mark.slow
+
+TUNE = (
+    "tune: {max_prompts: 3, max_new_tokens: 16, max_draft_tokens: 2, p_min: [0.0, 0.5], threads: [THREADS], "
+    "in_flight: [2], min_rounds: 2, max_rounds: 2}\n"
+)
+
+
+def _config(tmp_path, drafter, threads: int):
+    path = engine_eval_config(tmp_path, drafter, "engine: llamacpp")
+    path.write_text(path.read_text() + TUNE.replace("THREADS", str(threads)))
+    return load_config(path)
+
+
+def test_tune_races_the_settings_and_a_planted_difference_fails_its_cell(overfit, tmp_path):  # noqa: F811
+    from eyas import tune
+
+    report = tune.run(_config(tmp_path, overfit[3], 2), quiet=True)
+    assert [p["name"] for p in report["phases"]] == ["coarse", "refine", "load"]
+    cells = report["cells"]
+    assert {"plain t=2 np=1", "ngram-mod t=2 np=1", "ngram-simple t=2 np=1", "draft n=2 p-min=0.5 t=2 np=1"} <= set(
+        cells
+    )
+    assert any(key.endswith("np=2") for key in cells), "the best setting is measured with 2 requests in flight"
+    for key, c in cells.items():
+        assert not c["lossless"]["mismatched"] and c["lossless"]["checked"] >= 3, key
+        assert c["low"] <= c["speedup"] <= c["high"]
+    assert cells["plain t=2 np=1"]["speedup"] == pytest.approx(1.0)
+    assert report["best"].startswith("draft ") and report["verdict"]
+    if report["command"]:
+        assert re.search(r" -t 2 -md \S+\.gguf --spec-type draft-eagle3 --spec-draft-n-max \d", report["command"])
+    assert (tmp_path / "run" / "tune" / "speedup.png").is_file()
+
+    rounds_file = tmp_path / "run" / "tune" / report["rounds_file"]
+    rounds = [json.loads(line) for line in rounds_file.read_text().splitlines()]
+    assert tune.run(_config(tmp_path, overfit[3], 2), quiet=True)["cells"] == cells, "a rerun replays, measures nothing"
+
+    # Plant one wrong token where plain decoding is sure of its own, in one cell's first output.
+    planted = "ngram-simple t=2 np=1"
+    outputs = rounds[0]["cells"][planted]["outputs"]
+    prompt = sorted(outputs)[0]
+    outputs[prompt][0] += 1
+    rounds_file.write_text("".join(json.dumps(r) + "\n" for r in rounds))
+    again = tune.run(_config(tmp_path, overfit[3], 2), quiet=True)
+    assert again["cells"][planted]["lossless"]["mismatched"] == [prompt]
+    assert again["baseline"] != planted and again["best"] != planted
+
+
+def test_tune_never_reads_back_what_another_thread_count_measured(overfit, tmp_path):  # noqa: F811
+    from eyas import tune
+
+    config = _config(tmp_path, overfit[3], 2)
+    lean = {"in_flight": [], "max_draft_tokens": 1, "p_min": [0.0]}
+    config = config.model_copy(update={"tune": config.tune.model_copy(update=lean)})
+    first = tune.run(config, quiet=True)
+    one_thread = config.model_copy(update={"tune": config.tune.model_copy(update={"threads": [1]})})
+    second = tune.run(one_thread, quiet=True)
+    assert second["rounds_file"] != first["rounds_file"] and second["measured_by"]["threads"] == [1]
+    assert all(key.split(" t=")[1].startswith("1 ") for key in second["cells"])
+    log = (tmp_path / "run" / "tune" / "llama-server-plain-t1-np1.log").read_text()
+    assert "n_threads = 1" in log
