@@ -56,13 +56,13 @@ def run(config: RunConfig, quiet: bool = False) -> dict:
     for fraction, subset in sorted(nested_subsets(ids, config.scaling.fractions, config.scaling.seed).items()):
         steps = subset_steps(full_steps, len(ids), len(subset))
         subset_config = _subset(config, paths, sorted(subset), steps, fraction)
-        seconds = _train(subset_config, quiet)
-        point, tau = _evaluate(subset_config, RunPaths.of(subset_config).train_final)
+        seconds = train_subset(subset_config, quiet)
+        point, tau = held_out_tau(subset_config, RunPaths.of(subset_config).train_final)
         points.append(point)
         rows.append({"fraction": fraction, "samples": len(subset), "steps": steps, **tau, **seconds})
     full_dir = paths.scaling_dir / f"{len(ids)}-full"
     full_config = _linked(config, full_dir)
-    point, tau = _evaluate(full_config, paths.train_final)
+    point, tau = held_out_tau(full_config, paths.train_final)
     points.append(point)
     full_train = _marker_run(paths.marker("train"))
     rows.append({"fraction": 1.0, "samples": len(ids), "steps": full_steps, **tau, **full_train})
@@ -71,35 +71,51 @@ def run(config: RunConfig, quiet: bool = False) -> dict:
 
 
 def _subset(config: RunConfig, paths: RunPaths, ids: list[str], steps: int, fraction: float) -> RunConfig:
-    """The run as it trains on ``ids``: a directory whose merge holds those train rows and the
-    run's own held-out split, and a train section running ``steps`` (its evaluations and
-    checkpoints as often, relative to its length, as the full run's)."""
+    """The run as it trains on the train rows ``ids`` (:func:`corpus_run`)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from eyas.merge.reader import split_files
-    from eyas.train.data import steps_per_epoch
 
     where = paths.scaling_dir / f"{len(ids)}-{content_hash(ids)[:12]}"
+    if (where / "merge" / MARKER).is_file():
+        return corpus_run(config, None, where, steps, fraction)
+    table = pa.concat_tables([pq.read_table(f) for f in split_files(paths, "train")])
+    return corpus_run(
+        config, table.filter(pc.is_in(table.column("id"), value_set=pa.array(ids))), where, steps, fraction
+    )
+
+
+def corpus_run(config: RunConfig, table, where: Path, steps: int, share: float) -> RunConfig:
+    """The run's recipe on the train rows ``table`` (None: already written): a directory
+    ``where`` whose merge holds them and the run's own held-out split, trained for ``steps``,
+    with evaluations and checkpoints ``share`` times as far apart as the run's, so as often
+    relative to its length."""
+    import pyarrow.parquet as pq
+
+    from eyas.merge.reader import split_files
+    from eyas.train.data import steps_per_epoch
+
+    paths = RunPaths.of(config)
     merge = where / "merge"
-    if not (merge / MARKER).is_file():
+    if table is not None:
         tmp = where / "merge.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        table = pa.concat_tables([pq.read_table(f) for f in split_files(paths, "train")])
-        pq.write_table(table.filter(pc.is_in(table.column("id"), value_set=pa.array(ids))), tmp / "train-00000.parquet")
+        pq.write_table(table, tmp / "train-00000.parquet")
         for f in [*split_files(paths, "eval"), paths.merge_stats, paths.marker("merge")]:
             shutil.copy(f, tmp / f.name)
         shutil.rmtree(merge, ignore_errors=True)
         os.replace(tmp, merge)
+    samples = pq.read_metadata(merge / "train-00000.parquet").num_rows
     cfg = config.train
     train = cfg.model_copy(
         update={
             "max_steps": steps,
-            "epochs": steps / steps_per_epoch(len(ids), cfg.batch_size),
-            "eval_every": max(1, round(cfg.eval_every * fraction)),
-            "checkpoint_every": max(1, round(cfg.checkpoint_every * fraction)),
+            "epochs": steps / steps_per_epoch(samples, cfg.batch_size),
+            "eval_every": max(1, round(cfg.eval_every * share)),
+            "checkpoint_every": max(1, round(cfg.checkpoint_every * share)),
         }
     )
     return config.model_copy(update={"run_dir": str(where), "train": train})
@@ -114,7 +130,7 @@ def _linked(config: RunConfig, where: Path) -> RunConfig:
     return config.model_copy(update={"run_dir": str(where)})
 
 
-def _train(config: RunConfig, quiet: bool) -> dict:
+def train_subset(config: RunConfig, quiet: bool) -> dict:
     """Train the subset unless its drafter is current; its marker's timings."""
     from eyas import train
     from eyas.stage import check
@@ -130,7 +146,7 @@ def _marker_run(marker: Path) -> dict:
     return {"train_seconds": run["seconds"], "train_cpu_seconds": run["cpu_seconds"]}
 
 
-def _evaluate(config: RunConfig, drafter: Path) -> tuple[Point, dict]:
+def held_out_tau(config: RunConfig, drafter: Path) -> tuple[Point, dict]:
     """Held-out τ of ``drafter`` by eval's own decoder (greedy, the run's eval settings, no
     control), with its standard error from the spread over the prompts."""
     from eyas import eval as evaluation

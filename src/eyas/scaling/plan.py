@@ -44,9 +44,15 @@ class Fit:
     slope_se: float
     center: float
     """The weighted mean of log₂(samples), where the line is best known."""
+    center_se: float
+    """The line's standard error there."""
 
     def tau(self, samples: float) -> float:
         return self.intercept + self.slope * math.log2(samples)
+
+    def tau_se(self, samples: float) -> float:
+        """The line's standard error at ``samples``: growing with the distance from the points' centre."""
+        return math.hypot(self.center_se, (math.log2(samples) - self.center) * self.slope_se)
 
     def samples_for(self, tau: float) -> tuple[float, float, float] | None:
         """Samples at which the line reaches ``tau``, and the range for the slope ± its standard
@@ -75,4 +81,4 @@ def fit_log2(points: list[Point]) -> Fit:
     y_bar = sum(w * p.tau for w, p in zip(weights, points)) / total
     sxx = sum(w * (x - x_bar) ** 2 for w, x in zip(weights, xs))
     slope = sum(w * (x - x_bar) * (p.tau - y_bar) for w, x, p in zip(weights, xs, points)) / sxx
-    return Fit(y_bar - slope * x_bar, slope, math.sqrt(1 / sxx), x_bar)
+    return Fit(y_bar - slope * x_bar, slope, math.sqrt(1 / sxx), x_bar, math.sqrt(1 / total))

@@ -20,7 +20,13 @@ def finish(config, report: dict, fit: Fit, paths: RunPaths, quiet: bool) -> dict
 
     costs = per_sample(config)
     current = report["points"][-1]["samples"]
-    report["fit"] = {"intercept": fit.intercept, "per_doubling": fit.slope, "per_doubling_se": fit.slope_se}
+    report["fit"] = {
+        "intercept": fit.intercept,
+        "per_doubling": fit.slope,
+        "per_doubling_se": fit.slope_se,
+        "center": fit.center,
+        "center_se": fit.center_se,
+    }
     report["per_sample"] = costs
     report["predictions"] = [prediction(fit, tau, current, costs) for tau in config.scaling.target_tau]
     write_json_atomic(paths.scaling_dir / "report.json", report)
