@@ -165,9 +165,15 @@ def _tune(config, served: Served, race: Race, threads: list[int], longest: int, 
     }
 
 
+BUDGET_SHARES = {"coarse": 0.5, "refine": 0.8, "load": 1.0}
+"""How much of the budget the race may have spent by the end of each phase: a coarse grid of
+near-equal cells would otherwise spend it all before the refinement and the load are measured."""
+
+
 def _phase(name: str, cells: list[Cell], config, served: Served, race: Race, checks, first: int) -> dict:
     """Rounds of ``cells`` (and their anchors) until the leader of each load stands apart, the
-    rounds run out or the budget does; what the phase measured and decided."""
+    rounds run out, or the phase's share of the budget does (:data:`BUDGET_SHARES`); what the
+    phase measured and decided."""
     from eyas.tune.rounds import measure_round
 
     cfg = config.tune
@@ -181,8 +187,9 @@ def _phase(name: str, cells: list[Cell], config, served: Served, race: Race, che
         else:
             race.diverged |= bool(race.recorded)
             race.recorded.clear()
-            if race.spent_s + _expected_s(race, measuring) > race.budget_s:
-                race.exhausted = True
+            upcoming = race.spent_s + _expected_s(race, measuring)
+            if upcoming > race.budget_s * BUDGET_SHARES[name]:
+                race.exhausted = upcoming > race.budget_s
                 break
             started = time.monotonic()
             measured = measure_round(

@@ -59,7 +59,7 @@ def verdict(report: dict) -> str:
     if not serves(report):
         return (
             f"Do not serve this drafter on this machine: {describe(baseline)} decodes at {o['speedup']:.2f}× plain, "
-            f"the drafter's best ({describe(best)}) at {b['speedup']:.2f}×."
+            f"the drafter's best ({describe(best)}) at {b['speedup']:.2f}×." + _budget_note(report)
         )
     lead = "clear of" if b["low"] > o["high"] else "within the measurement's noise of"
     text = (
@@ -69,7 +69,19 @@ def verdict(report: dict) -> str:
     crossover = report["crossover"]
     if crossover is not None:
         text += f" With {crossover} or more requests in flight it is slower than plain decoding."
-    return text
+    return text + _budget_note(report)
+
+
+def _budget_note(report: dict) -> str:
+    """What was left unmeasured when the budget ran out, and how to continue."""
+    budget = report["budget"]
+    if not budget["exhausted"]:
+        return ""
+    last = report["phases"][-1]["name"]
+    return (
+        f" The {budget['minutes']:g}-minute budget ran out in the {last} phase; a larger --budget-min "
+        "continues from the rounds already measured."
+    )
 
 
 def command(report: dict, server: Path, draft: Path) -> str:
