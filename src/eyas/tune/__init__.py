@@ -272,15 +272,17 @@ def _figures(cell: Cell, e: Estimate, rounds: list[dict]) -> dict:
 
 
 class Lossless:
-    """Every cell's outputs against plain greedy decoding (the anchor's first round), float
-    ties told apart by plain's top two log-probabilities (asked of a plain server once per
-    prompt that ever differs)."""
+    """Every cell's outputs against plain greedy decoding (the anchor's first round), round by
+    round as eval checks its own (:func:`eyas.eval.llamacpp_engine.lossless`), float ties told
+    apart by plain's top two log-probabilities (asked of a plain server once per prompt that
+    ever differs)."""
 
     def __init__(self, config, served: Served, out_dir: Path, first: int):
         self.config, self.served, self.out_dir, self.first = config, served, out_dir, first
         self.reference: dict[str, list[int]] | None = None
         self.top2: dict[str, tuple] = {}
-        self.outputs: dict[Cell, dict[str, list[list[int]]]] = {}
+        self.outputs: dict[Cell, list[dict[str, list[int]]]] = {}
+        """Each cell's outputs (prompt id -> tokens), one mapping per round it was measured in."""
 
     def add(self, round_: dict) -> None:
         from eyas.eval.llamacpp_engine import plain_top2
@@ -288,14 +290,13 @@ class Lossless:
         if self.reference is None:
             self.reference = round_["cells"][Cell(PLAIN, self.first).key]["outputs"]
         for key, measured in round_["cells"].items():
-            seen = self.outputs.setdefault(Cell.from_key(key), {})
-            for pid, tokens in measured["outputs"].items():
-                seen.setdefault(pid, []).append(tokens)
+            self.outputs.setdefault(Cell.from_key(key), []).append(measured["outputs"])
         differing = {
             pid
-            for seen in self.outputs.values()
-            for pid, outputs in seen.items()
-            if any(o != self.reference[pid] for o in outputs) and pid not in self.top2
+            for rounds in self.outputs.values()
+            for outputs in rounds
+            for pid, tokens in outputs.items()
+            if tokens != self.reference[pid] and pid not in self.top2
         }
         if differing:
             prompts = [p for p in self.served.prompts if p.id in differing]
@@ -310,26 +311,18 @@ class Lossless:
             )
 
     def result(self, cell: Cell) -> dict:
-        """Like eval's check (:func:`eyas.eval.llamacpp_engine.lossless`), over every round."""
-        from eyas.eval.llamacpp_engine import tie_margin
+        """Eval's check of each round the cell was measured in, summed."""
+        from eyas.eval.llamacpp_engine import lossless
 
-        ties, mismatched, checked = [], [], 0
-        for pid, outputs in self.outputs.get(cell, {}).items():
-            for output in outputs:
-                checked += 1
-                if output == self.reference[pid]:
-                    continue
-                plain_again, top2 = self.top2[pid]
-                limit = self.config.eval.llamacpp_tie_margin
-                margin = (
-                    tie_margin(self.reference[pid], output, top2, limit) if plain_again == self.reference[pid] else None
-                )
-                if margin is None:
-                    mismatched.append(pid)
-                else:
-                    ties.append({"prompt": pid, "margin": margin})
-        identical = checked - len(ties) - len(mismatched)
-        return {"checked": checked, "identical": identical, "float_ties": ties, "mismatched": sorted(set(mismatched))}
+        limit = self.config.eval.llamacpp_tie_margin
+        total = {"checked": 0, "identical": 0, "float_ties": [], "mismatched": []}
+        for outputs in self.outputs.get(cell, []):
+            prompts = [p for p in self.served.prompts if p.id in outputs]
+            check = lossless(prompts, outputs, self.reference, self.top2, limit)
+            for key in total:
+                total[key] += check[key]
+        total["mismatched"] = sorted(set(total["mismatched"]))
+        return total
 
     def passes(self, cell: Cell) -> bool:
         return not self.result(cell)["mismatched"]
