@@ -1,6 +1,6 @@
 """The package layout is the pipeline: a stage reaches earlier stages only through their readers.
 
-Stages import the ground floor (config, paths, records, files, stage, console, jsonl,
+Stages import the ground floor (config, paths, records, files, figures, stage, console, jsonl,
 tensorfile), the shared ``target``, ``drafter`` and ``speculate`` packages, and the modules
 through which earlier stages hand over their records (``READERS``) — never another stage's
 internals, and never a later stage. The shared packages import no stage at all; the ground

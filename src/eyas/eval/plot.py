@@ -9,19 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from eyas.eval.llamacpp_engine import is_drafted
+from eyas.figures import save, subplots
 
 
 def plot_acceptance(report: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     methods = report["methods"]
     k = report["config"]["num_draft_tokens"]
     datasets = sorted({d for m in methods.values() for d in m["tau_per_dataset"]})
     llamacpp = report.get("llamacpp")
-    fig, axes = plt.subplots(1, 3 if llamacpp else 2, figsize=(16.5 if llamacpp else 11, 4.2))
+    fig, axes = subplots(1, 3 if llamacpp else 2, figsize=(16.5 if llamacpp else 11, 4.2))
     left, right = axes[0], axes[1]
     width = 0.8 / max(len(methods), 1)
     # A serving engine's counters are pooled over all prompts: it has no per-dataset bars.
@@ -52,8 +48,4 @@ def plot_acceptance(report: dict, path: Path) -> Path:
             title=f"llama.cpp decode speed vs plain ({llamacpp['plain']['tokens_per_s']:.0f} tok/s)", ylabel="speed-up"
         )
     fig.suptitle(f"{report['prompts']} prompts, {k} draft tokens, temperature {report['config']['temperature']}")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)

@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.table import Table
 
 from eyas.console import console
+from eyas.figures import save, subplots
 from eyas.files import write_json_atomic
 from eyas.paths import RunPaths
 from eyas.scaling.plan import Fit
@@ -101,12 +102,7 @@ def table(report: dict) -> Table:
 
 def plot(report: dict, fit: Fit, path: Path) -> Path:
     """τ against samples on a log axis, with standard errors, the fitted line and the targets."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = subplots(figsize=(7, 4.2))
     points = report["points"]
     xs = [p["samples"] for p in points]
     ax.errorbar(xs, [p["tau"] for p in points], yerr=[p["tau_se"] for p in points], fmt="o", label="measured")
@@ -121,8 +117,4 @@ def plot(report: dict, fit: Fit, path: Path) -> Path:
     ax.set_xscale("log", base=2)
     ax.set(xlabel="train samples", ylabel="held-out τ", title=f"τ against data ({report['family']})")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)

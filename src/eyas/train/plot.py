@@ -10,17 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from eyas.figures import save, subplots
 from eyas.train.metrics import read_metrics
 
 
 def plot_training(metrics: Path, path: Path, selected_step: int | None) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     train, held_out, tau = (read_metrics(metrics, split) for split in ("train", "eval", "tau"))
-    fig, (loss, acc, accept) = plt.subplots(1, 3, figsize=(15, 4))
+    fig, (loss, acc, accept) = subplots(1, 3, figsize=(15, 4))
     for rows, label, style in ((train, "train", "-"), (held_out, "eval split", "o-")):
         steps = [r["step"] for r in rows]
         if rows:
@@ -44,8 +40,4 @@ def plot_training(metrics: Path, path: Path, selected_step: int | None) -> Path:
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)

@@ -9,6 +9,7 @@ from rich.table import Table
 
 from eyas.console import console
 from eyas.eval.llamacpp_engine import drafting
+from eyas.figures import save, subplots
 from eyas.files import write_json_atomic
 from eyas.paths import RunPaths
 from eyas.tune.plan import DRAFT, PLAIN, Cell
@@ -132,12 +133,7 @@ def plot(report: dict, path: Path) -> Path:
     """Speed-up against draft length: one line per p-min (one request in flight), one dashed
     line per in-flight count at the best setting's p-min; plain decoding and the best draftless
     method as horizontal lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = subplots(figsize=(7, 4.2))
     cells = {Cell.from_key(k): c for k, c in report["cells"].items()}
     best = Cell.from_key(report["best"]) if report["best"] else None
     threads = best.threads if best else min(c.threads for c in cells)
@@ -161,8 +157,4 @@ def plot(report: dict, path: Path) -> Path:
         title=f"{report['family']} in llama.cpp, {threads} threads",
     )
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
