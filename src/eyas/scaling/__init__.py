@@ -91,7 +91,10 @@ def corpus_run(config: RunConfig, table, where: Path, steps: int, share: float) 
     """The run's recipe on the train rows ``table`` (None: already written): a directory
     ``where`` whose merge holds them and the run's own held-out split, trained for ``steps``,
     with evaluations and checkpoints ``share`` times as far apart as the run's, so as often
-    relative to its length."""
+    relative to its length. τ is not measured during its training (``train.tau_prompts: 0``,
+    its drafter is its last step): :func:`held_out_tau` measures it once at the end, so a
+    subset pays no fixed cost of evaluations that would only pick its checkpoint on the very
+    prompts it is measured on."""
     import pyarrow.parquet as pq
 
     from eyas.merge.reader import split_files
@@ -116,6 +119,7 @@ def corpus_run(config: RunConfig, table, where: Path, steps: int, share: float) 
             "epochs": steps / steps_per_epoch(samples, cfg.batch_size),
             "eval_every": max(1, round(cfg.eval_every * share)),
             "checkpoint_every": max(1, round(cfg.checkpoint_every * share)),
+            "tau_prompts": 0,
         }
     )
     return config.model_copy(update={"run_dir": str(where), "train": train})
