@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from eyas import scaling, train
 from eyas.config import parse_config
@@ -39,3 +40,25 @@ def test_scaling_trains_nested_subsets_and_prices_a_target_tau(merged_run):  # n
     stamps = [f.stat().st_mtime_ns for f in trained]
     assert scaling.run(config, quiet=True)["points"] == points
     assert [f.stat().st_mtime_ns for f in trained] == stamps, "a rerun trains nothing again"
+
+
+def test_an_offline_runs_subsets_train_from_its_own_shards(merged_run):  # noqa: F811
+    from eyas import extract
+    from eyas.train.data import OfflineSource
+
+    settings = tiny_config(merged_run, "offline", max_steps=4, epochs=10.0, eval_with_target=False)
+    settings |= {"eval": {"max_new_tokens": 4, "max_prompts": 1}, "scaling": {"fractions": [0.5]}}
+    config = parse_config(settings)
+    extract.run(config, quiet=True)
+    train.run(config, quiet=True)
+    shards = sorted((RunPaths.of(config).hidden_dir).glob("*.safetensors"))
+    report = scaling.run(config, quiet=True)
+    assert [p["samples"] for p in report["points"]] == [4, 8]
+    assert sorted(RunPaths.of(config).hidden_dir.glob("*.safetensors")) == shards, "nothing extracted again"
+    (subset,) = [d for d in RunPaths.of(config).scaling_dir.glob("4-*") if (d / "train" / "final").is_dir()]
+    paths = RunPaths.of(config.model_copy(update={"run_dir": str(subset)}))
+    source = OfflineSource(paths, 64, torch.device("cpu"))
+    merged = pq.read_table(paths.merge_dir / "train-00000.parquet", columns=["input_ids"]).column(0).to_pylist()
+    assert len(source) == 4
+    for i, ids in enumerate(merged):
+        assert source.batch([i]).input_ids[0].tolist() == ids[:64], "row i of the subset, found by its id"

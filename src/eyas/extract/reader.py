@@ -77,6 +77,10 @@ class HiddenStates:
         """Storage dtype: ``bf16`` or ``fp8`` (reads are bfloat16 either way)."""
         return self.index["dtype"]
 
+    def ids(self) -> list[str]:
+        """Every sample's id, in order (each shard's metadata, no tensor read)."""
+        return [sample_id for shard in range(len(self.index["shards"])) for sample_id in self._shard(shard).ids]
+
     def shard_ranges(self) -> list[range]:
         """Sample indices of each shard, in order."""
         return [range(s["sample_start"], s["sample_start"] + s["samples"]) for s in self.index["shards"]]

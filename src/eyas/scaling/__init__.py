@@ -13,8 +13,10 @@ from generate's marker otherwise), extraction and training (their markers) — f
 samples and for training again on all of them.
 
 Each subset lives in ``scaling/<samples>-<digest>/`` (a merge directory holding its train rows
-and the run's held-out split, its ``train/`` and ``eval/``): an interrupted run resumes where
-it stopped, as those stages do, and a changed subset gets a directory of its own.
+and the run's held-out split, its ``train/`` and ``eval/``; an offline run's subsets link the
+run's ``hidden/`` and read their rows from its shards by id, extracting nothing again): an
+interrupted run resumes where it stopped, as those stages do, and a changed subset gets a
+directory of its own.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import shutil
 import statistics
 from pathlib import Path
 
-from eyas.config import ConfigError, RunConfig
+from eyas.config import RunConfig
 from eyas.paths import MARKER, RunPaths
 from eyas.records import content_hash
 from eyas.scaling.plan import Point, fit_log2, nested_subsets, subset_steps
@@ -43,11 +45,6 @@ def run(config: RunConfig, quiet: bool = False) -> dict:
     from eyas.train.data import total_steps
 
     paths = RunPaths.of(config)
-    if config.extract.mode != "online":
-        raise ConfigError(
-            "extract.mode: scaling trains its subsets online (the target's states computed per batch); "
-            "offline shards are indexed by the full train split's rows. Set extract.mode: online for `eyas scaling`"
-        )
     if check(config, TRAIN, paths).status != "current":
         raise StageError(f"scaling: {paths.train_final} is not current; run `eyas train CONFIG` first")
     ids = [row["id"] for row in iter_split(paths, "train", ["id"])]
@@ -89,7 +86,8 @@ def _subset(config: RunConfig, paths: RunPaths, ids: list[str], steps: int, frac
 
 def corpus_run(config: RunConfig, table, where: Path, steps: int, share: float) -> RunConfig:
     """The run's recipe on the train rows ``table`` (None: already written): a directory
-    ``where`` whose merge holds them and the run's own held-out split, trained for ``steps``,
+    ``where`` whose merge holds them and the run's own held-out split (and, offline, a link to
+    the run's shards, which must hold every row of ``table``), trained for ``steps``,
     with evaluations and checkpoints ``share`` times as far apart as the run's, so as often
     relative to its length. τ is not measured during its training (``train.tau_prompts: 0``,
     its drafter is its last step): :func:`held_out_tau` measures it once at the end, so a
@@ -111,6 +109,8 @@ def corpus_run(config: RunConfig, table, where: Path, steps: int, share: float) 
             shutil.copy(f, tmp / f.name)
         shutil.rmtree(merge, ignore_errors=True)
         os.replace(tmp, merge)
+    if config.extract.mode == "offline":
+        _link(where / paths.hidden_dir.name, paths.hidden_dir)
     samples = pq.read_metadata(merge / "train-00000.parquet").num_rows
     cfg = config.train
     train = cfg.model_copy(
@@ -128,10 +128,13 @@ def corpus_run(config: RunConfig, table, where: Path, steps: int, share: float) 
 def _linked(config: RunConfig, where: Path) -> RunConfig:
     """A directory whose merge is the run's own, for evaluating the run's drafter beside the subsets."""
     where.mkdir(parents=True, exist_ok=True)
-    link = where / "merge"
-    if not link.exists():
-        os.symlink(RunPaths.of(config).merge_dir.resolve(), link)
+    _link(where / "merge", RunPaths.of(config).merge_dir)
     return config.model_copy(update={"run_dir": str(where)})
+
+
+def _link(link: Path, target: Path) -> None:
+    if not link.exists():
+        os.symlink(target.resolve(), link)
 
 
 def train_subset(config: RunConfig, quiet: bool) -> dict:

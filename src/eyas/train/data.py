@@ -120,21 +120,29 @@ class OnlineSource:
 
 
 class OfflineSource:
-    """Samples and hidden states read from the extracted shards."""
+    """Samples and hidden states read from the extracted shards.
+
+    Sample i is row i of the merged train split, found in the shards by its id: the shards may
+    hold more rows than the split, so that a split of some of the run's rows (``eyas scaling``'s
+    subsets) trains from the run's own shards without extracting again.
+    """
 
     def __init__(self, paths: RunPaths, max_seq_len: int, device: torch.device) -> None:
         from eyas.extract.reader import HiddenStates
-        from eyas.merge.reader import split_lengths
+        from eyas.merge.reader import iter_split
 
         self.states = HiddenStates(paths.hidden_dir)
         self.max_seq_len, self.device = max_seq_len, device
-        # Sample i of the shards is row i of the merged train split.
-        self._lengths = [min(n, max_seq_len) for n in split_lengths(paths, "train")]
-        if len(self._lengths) != len(self.states):
+        rows = [(row["id"], row["num_tokens"]) for row in iter_split(paths, "train", ["id", "num_tokens"])]
+        where = {sample_id: i for i, sample_id in enumerate(self.states.ids())}
+        missing = [sample_id for sample_id, _ in rows if sample_id not in where]
+        if missing:
             raise StageError(
-                f"{paths.hidden_dir}: {len(self.states)} samples but the merged train split has {len(self._lengths)}; "
-                "rerun `eyas extract CONFIG`"
+                f"{paths.hidden_dir}: {len(missing)} of the merged train split's {len(rows)} samples are not in the "
+                f"shards (first: {missing[0]}); rerun `eyas extract CONFIG`"
             )
+        self._rows = [where[sample_id] for sample_id, _ in rows]
+        self._lengths = [min(n, max_seq_len) for _, n in rows]
 
     def lengths(self) -> list[int]:
         return self._lengths
@@ -144,10 +152,10 @@ class OfflineSource:
         return list(self.states.aux_layers)
 
     def __len__(self) -> int:
-        return len(self.states)
+        return len(self._rows)
 
     def batch(self, indices: list[int]) -> Batch:
-        items = [self.states[i] for i in indices]
+        items = [self.states[self._rows[i]] for i in indices]
         n = self.max_seq_len
         samples = [
             Sample(np.asarray(s.input_ids[:n], dtype=np.int64), np.asarray(s.loss_mask[:n], dtype=bool)) for s in items
