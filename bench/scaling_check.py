@@ -15,7 +15,7 @@ the drafter are kept, so a rerun after an interruption redoes only what is missi
 
 Usage: ``OMP_NUM_THREADS=2 .venv/bin/python bench/scaling_check.py --run runs/demo/demo.yaml
 [--factor 2]`` after ``eyas scaling runs/demo/demo.yaml``. On the demo (2×: 176 new prompts)
-it takes about 25 minutes on 2 cores; run nothing else meanwhile.
+it took 19 minutes on 2 cores; run nothing else meanwhile.
 """
 
 from __future__ import annotations
