@@ -3,6 +3,7 @@ the line fitted and priced; a rerun trains nothing again."""
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -10,6 +11,7 @@ import torch
 from eyas import scaling, train
 from eyas.config import parse_config
 from eyas.paths import RunPaths
+from eyas.stage import StageError
 from tests.train.conftest import corpus_rows, merged_run, tiny_config  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
@@ -62,3 +64,11 @@ def test_an_offline_runs_subsets_train_from_its_own_shards(merged_run):  # noqa:
     assert len(source) == 4
     for i, ids in enumerate(merged):
         assert source.batch([i]).input_ids[0].tolist() == ids[:64], "row i of the subset, found by its id"
+
+    rows = pq.read_table(paths.merge_dir / "train-00000.parquet")
+    renamed = rows.set_column(
+        rows.schema.get_field_index("id"), "id", pa.array(["elsewhere", *rows["id"][1:].to_pylist()])
+    )
+    pq.write_table(renamed, paths.merge_dir / "train-00000.parquet")
+    with pytest.raises(StageError, match=r"hidden: 1 of the merged train split's 4 samples are not in the shards"):
+        OfflineSource(paths, 64, torch.device("cpu"))
