@@ -37,7 +37,8 @@ def plot_acceptance(report: dict, path: Path) -> Path:
     right.set(title="acceptance length τ by dataset", ylabel="tokens per target pass")
     right.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
     right.set_xticks(range(len(datasets)), datasets, rotation=20)
-    right.legend(fontsize=8)
+    if per_dataset:
+        right.legend(fontsize=8)
     if llamacpp:
         names = list(llamacpp["methods"])
         speedups = [llamacpp["methods"][n]["speedup"] for n in names]
