@@ -66,7 +66,7 @@ def test_tune_never_reads_back_what_another_thread_count_measured(overfit, tmp_p
     from eyas import tune
 
     config = _config(tmp_path, overfit[3], 2)
-    lean = {"in_flight": [], "max_draft_tokens": 1, "p_min": [0.0]}
+    lean = {"in_flight": [], "max_draft_tokens": 1, "p_min": [0.0], "max_prompts": 1}
     config = config.model_copy(update={"tune": config.tune.model_copy(update=lean)})
     first = tune.run(config, quiet=True)
     one_thread = config.model_copy(update={"tune": config.tune.model_copy(update={"threads": [1]})})
