@@ -211,7 +211,12 @@ def test_demo_config_is_valid_and_states_its_sizes(tmp_path):
 def test_two_drafter_families_share_the_data_stages_and_are_compared(config_path, finished, tmp_path):
     """Issue 20: `train.drafter: [eagle3, dflash]` trains, exports and evaluates each family from
     the one corpus, each in its own directory, and says which decodes faster."""
-    copy = copy_of(config_path, tmp_path, lambda c: c["train"].update(drafter=["eagle3", "dflash"]))
+
+    def two_families(c: dict) -> None:
+        c["train"].update(drafter=["eagle3", "dflash"])
+        c["eval"].update(llamacpp_repeats=1)
+
+    copy = copy_of(config_path, tmp_path, two_families)
     config = load_config(copy)
     run_dir = copy.parent / "run"
     merged = read_marker(run_dir / "merge" / "stage.json")
