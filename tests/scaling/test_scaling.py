@@ -53,7 +53,7 @@ def test_an_offline_runs_subsets_train_from_its_own_shards(merged_run):  # noqa:
     config = parse_config(settings)
     extract.run(config, quiet=True)
     train.run(config, quiet=True)
-    shards = sorted((RunPaths.of(config).hidden_dir).glob("*.safetensors"))
+    shards = sorted(RunPaths.of(config).hidden_dir.glob("*.safetensors"))
     report = scaling.run(config, quiet=True)
     assert [p["samples"] for p in report["points"]] == [4, 8]
     assert sorted(RunPaths.of(config).hidden_dir.glob("*.safetensors")) == shards, "nothing extracted again"

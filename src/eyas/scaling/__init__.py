@@ -110,7 +110,7 @@ def corpus_run(config: RunConfig, table, where: Path, steps: int, share: float) 
         shutil.rmtree(merge, ignore_errors=True)
         os.replace(tmp, merge)
     if config.extract.mode == "offline":
-        _link(where / paths.hidden_dir.name, paths.hidden_dir)
+        _link(RunPaths.layout(where, config.family_subdir).hidden_dir, paths.hidden_dir)
     samples = pq.read_metadata(merge / "train-00000.parquet").num_rows
     cfg = config.train
     train = cfg.model_copy(
