@@ -105,7 +105,9 @@ def main() -> None:
     steps = subset_steps(total_steps(config.train, samples), samples, table.num_rows)
     grown = work / "run"
     fresh = not (grown / "merge" / MARKER).is_file()
-    grown_config = scaling.corpus_run(config, table if fresh else None, grown, steps, table.num_rows / samples)
+    # The added samples have no extracted states: the grown corpus trains online whatever the run did.
+    online = config.model_copy(update={"extract": config.extract.model_copy(update={"mode": "online"})})
+    grown_config = scaling.corpus_run(online, table if fresh else None, grown, steps, table.num_rows / samples)
     timings = scaling.train_subset(grown_config, quiet=False)
     point, measured = scaling.held_out_tau(grown_config, RunPaths.of(grown_config).train_final)
 
