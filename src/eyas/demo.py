@@ -24,7 +24,7 @@ from rich.table import Table
 from eyas.config import load_config
 from eyas.console import console, setup_logging
 from eyas.paths import RunPaths
-from eyas.stage import read_marker
+from eyas.stage import read_marker, spent
 
 DEMO_PROMPTS = 192
 MAX_TOKENS = 128
@@ -114,7 +114,7 @@ def summarize(config, results: dict[str, dict], wall_s: float) -> dict:
     methods = report["methods"]
     lossless = all(m["lossless"]["identical"] == m["lossless"]["checked"] for m in methods.values())
     train_marker = read_marker(paths.marker("train"))
-    train_timing = train_marker["run"] if train_marker else {}
+    train_seconds, train_cpu_seconds = spent(train_marker) if train_marker else (None, None)
     return {
         "train_samples": merged["train"]["samples"],
         "train_tokens": merged["train"]["tokens"],
@@ -122,8 +122,8 @@ def summarize(config, results: dict[str, dict], wall_s: float) -> dict:
         "eval_prompts": report["prompts"],
         "rebuild_exact": exact / verified if verified else None,
         "rebuild_verified": verified,
-        "train_seconds": train_timing.get("seconds"),
-        "train_cpu_seconds": train_timing.get("cpu_seconds"),
+        "train_seconds": train_seconds,
+        "train_cpu_seconds": train_cpu_seconds,
         "stage_seconds": {name: r["seconds"] for name, r in results.items() if "seconds" in r},
         "tau_drafter": methods[config.train.drafter]["tau"],
         "tau_lookup": methods["prompt_lookup"]["tau"],

@@ -9,6 +9,11 @@ However a stage is started (``eyas run`` or its own command), it finishes by wri
      "outputs": {...},                           # content digests of outputs appended in place (generate)
      "run": {"seconds": 12.3, ...}}              # how this run went; not part of the digest
 
+``run.seconds`` is the last call's clock; ``run.total_seconds`` (and ``total_cpu_seconds``) is
+what the outputs as they stand cost, summed over every call whose work they keep (records,
+shards or checkpoints a killed or earlier run committed, a continued training run): what a
+sample costs is read from it (:func:`spent`), never from the last call alone.
+
 A marker's digest covers everything but ``run``, so markers chain: a stage is *current* only if
 the marker it would write now — its fingerprint under today's config, the digests of the
 markers upstream today, the content of its in-place outputs today — equals the one on disk.
@@ -138,6 +143,17 @@ class StageRun:
     resolved: dict = field(default_factory=dict)
     """What the config's ``auto`` settings meant where it ran (:attr:`StageContract.resolved`)."""
     started: tuple[float, float] = field(default_factory=lambda: (time.monotonic(), time.process_time()))
+    earlier: tuple[float, float] = (0.0, 0.0)
+    """Wall and CPU seconds that earlier calls spent on outputs this one keeps (:meth:`carry`)."""
+
+    def carry(self, seconds: float, cpu_seconds: float) -> None:
+        """Count work of earlier calls that this run keeps (records, shards, a checkpoint it resumes from)."""
+        self.earlier = (self.earlier[0] + seconds, self.earlier[1] + cpu_seconds)
+
+    def spent_now(self) -> tuple[float, float]:
+        """Wall and CPU seconds the outputs have cost so far: the earlier calls' and this one's."""
+        wall, cpu = self.started
+        return self.earlier[0] + time.monotonic() - wall, self.earlier[1] + time.process_time() - cpu
 
     def finish(self, path: Path, config: RunConfig | None = None, paths: RunPaths | None = None, **run) -> dict:
         """Write the marker to ``path`` (inside the outputs' directory, before it is swapped in).
@@ -149,9 +165,12 @@ class StageRun:
         if self.contract.observe is not None and config is not None and paths is not None:
             marker["outputs"] = self.contract.observe(config, paths)
         wall, cpu = self.started
+        total_wall, total_cpu = self.spent_now()
         marker["run"] = {
             "seconds": round(time.monotonic() - wall, 3),
             "cpu_seconds": round(time.process_time() - cpu, 3),
+            "total_seconds": round(total_wall, 3),
+            "total_cpu_seconds": round(total_cpu, 3),
             "finished": time.time(),
             "eyas": __version__,
             **({"resolved": self.resolved} if self.resolved else {}),
@@ -159,6 +178,13 @@ class StageRun:
         }
         write_json_atomic(path, marker)
         return marker
+
+
+def spent(marker: dict) -> tuple[float, float]:
+    """Wall and CPU seconds a finished stage's outputs cost in all (:attr:`StageRun.earlier`
+    included; a marker written before totals were recorded gives its last call's)."""
+    run = marker["run"]
+    return run.get("total_seconds", run["seconds"]), run.get("total_cpu_seconds", run["cpu_seconds"])
 
 
 def begin(config: RunConfig, contract: StageContract, paths: RunPaths) -> StageRun:

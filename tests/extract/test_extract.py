@@ -1,5 +1,4 @@
 import json
-import time
 
 import pytest
 import torch
@@ -106,7 +105,7 @@ def test_older_fp8_shards_with_a_final_scale_still_read(tmp_path):
             buffer.put(i, list(range(lo, hi)), [1] * (hi - lo), aux[lo:hi], final[lo:hi])
         if old:
             buffer.tensors["final"], buffer.tensors["final_scale"] = storage.quantize(final, 1)
-        sidecar = storage.write_shard(tmp_path, shard, buffer, {"sample_start": 2 * shard}, time.monotonic())
+        sidecar = storage.write_shard(tmp_path, shard, buffer, {"sample_start": 2 * shard}, storage.clock())
         shards.append({k: sidecar[k] for k in ("file", "samples", "tokens", "bytes", "sha256", "sample_start")})
     index = {
         "format": storage.FORMAT,

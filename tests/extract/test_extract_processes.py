@@ -82,6 +82,10 @@ def resume(config: Path, merged_run, finished: dict[Path, int]) -> HiddenStates:
     states = HiddenStates(hidden)
     assert len(states) == 6 and states.verify() == [] and not list(hidden.glob("*.tmp-*"))
     assert [states[i].id for i in range(6)] == [r["id"] for r in iter_split(RunPaths.of(merged_run), "train")]
+    run = read_marker(hidden / "stage.json")["run"]
+    kept = [json.loads(p.with_suffix(".json").read_text()) for p in finished]
+    assert run["total_seconds"] == pytest.approx(run["seconds"] + sum(s["seconds"] for s in kept), abs=0.01)
+    assert run["total_cpu_seconds"] == pytest.approx(run["cpu_seconds"] + sum(s["cpu_seconds"] for s in kept), abs=0.01)
     return states
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
@@ -32,7 +30,7 @@ def test_a_shard_missing_a_sample_is_refused_naming_the_shard_and_the_sample(tmp
     put(shard, 0)
     put(shard, 2)
     with pytest.raises(StageError, match=r"shard-00003.safetensors: not written, .*\(1 never stored: b\)"):
-        storage.write_shard(tmp_path, 3, shard, {}, time.monotonic())
+        storage.write_shard(tmp_path, 3, shard, {}, storage.clock())
     assert list(tmp_path.iterdir()) == [], "neither the shard nor its sidecar"
 
 
@@ -41,13 +39,13 @@ def test_a_sample_stored_twice_is_refused(tmp_path):
     for i in (0, 1, 1, 2):
         put(shard, i)
     with pytest.raises(StageError, match=r"1 stored more than once: b"):
-        storage.write_shard(tmp_path, 0, shard, {}, time.monotonic())
+        storage.write_shard(tmp_path, 0, shard, {}, storage.clock())
 
 
 def test_a_complete_shard_is_written_with_its_sidecar(tmp_path):
     shard = buffer()
     for i in range(3):
         put(shard, i)
-    sidecar = storage.write_shard(tmp_path, 0, shard, {}, time.monotonic())
+    sidecar = storage.write_shard(tmp_path, 0, shard, {}, storage.clock())
     assert sidecar["samples"] == 3 and sidecar["tokens"] == 6
     assert storage.read_sidecar(tmp_path, 0) == sidecar

@@ -122,3 +122,18 @@ def test_other_sampling_settings_exit_6_and_redo_sets_the_old_records_aside(tmp_
     assert (aside / "qa.jsonl").read_text() == before and (aside / "settings.json").is_file()
     assert len(list(read_records(paths.generations("qa")))) == 2
     assert read_marker(paths.marker("generate"))["fingerprint"]["generate.max_tokens"] == 5
+
+
+def test_a_rerun_that_finds_nothing_to_do_keeps_what_the_records_cost(tmp_path):
+    """Scaling prices a sample from generate's marker: a no-op rerun rewrote its clock, and local
+    generation then cost about nothing per sample."""
+    from eyas.stage import spent
+
+    config = load_config(make_config(tmp_path, n=2, max_tokens=4))
+    generate.run(config, quiet=True)
+    marker = RunPaths.of(config).marker("generate")
+    first = spent(read_marker(marker))
+    generate.run(config, quiet=True)
+    again = read_marker(marker)["run"]
+    assert again["total_seconds"] >= first[0] > again["seconds"]
+    assert again["total_cpu_seconds"] >= first[1]

@@ -67,6 +67,8 @@ def test_resumed_run_in_fresh_process_continues_bit_for_bit(merged_run, tmp_path
     assert "simulated acceptance length" in done.stdout + done.stderr
     resumed = read_metrics(other / "train" / "metrics.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    run = read_marker(other / "train" / "final" / "stage.json")["run"]
+    assert run["total_cpu_seconds"] > run["cpu_seconds"], "the two steps before the resumed checkpoint count"
     for a, b in zip(straight, resumed):
         assert a["loss"] == b["loss"] and a["loss_steps"] == b["loss_steps"] and a["lr"] == b["lr"]
     w1 = load_file(str(merged_run / "train" / "final" / "model.safetensors"))

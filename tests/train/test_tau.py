@@ -37,3 +37,9 @@ def test_a_run_that_gets_worse_keeps_the_earlier_drafter_with_the_higher_tau(tmp
     assert all(torch.equal(final[k], kept[k]) for k in final)
     assert not all(torch.equal(final[k], last[k]) for k in final)
     assert paths.train_plot.is_file()
+    # Scaling measures the run on those same held-out prompts: it takes the last step, as its subsets'.
+    assert train.last_step_drafter(config) == checkpoints_dir(paths.train_dir) / f"step-{STEPS:08d}"
+    short = settings | {"max_steps": 2, "checkpoint_every": 2}
+    unmeasured = load_tiny(write_merged(tmp_path / "plain", train_rows, train_rows), tau_prompts=0, **short)
+    train.run(unmeasured, quiet=True)
+    assert train.last_step_drafter(unmeasured) == RunPaths.of(unmeasured).train_final

@@ -254,6 +254,8 @@ def _in_llamacpp(config: RunConfig, drafter_dir: Path, prompts: list[EvalPrompt]
         "prompts": [_prompt_digest(p) for p in prompts],
         "settings": [list(configs), cfg.max_new_tokens, cfg.llamacpp_repeats, cfg.llamacpp_tie_margin],
         "measured_by": measured_by,
+        # Sections measured before every round's outputs were checked (only the last round's) are not reused.
+        "lossless": "every round",
     }
     cached = paths.eval_dir / f"llamacpp-{content_hash(request)}.json"
     if not cached.is_file():

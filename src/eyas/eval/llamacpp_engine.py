@@ -22,8 +22,8 @@ configuration's median over the rounds and its speed-up over plain's median. τ 
 per-position acceptance are llama.cpp's own counters (``/metrics``: 1 + accepted ÷
 verification steps).
 
-Lossless: every configuration's greedy output equals plain's, prompt by prompt (the target and
-drafter share one precision). llama.cpp verifies a draft in one batched pass, whose matrix
+Lossless: every configuration's greedy output, in every round, equals plain's (its first
+round's), prompt by prompt (the target and drafter share one precision). llama.cpp verifies a draft in one batched pass, whose matrix
 products (tinyBLAS, used only for batches) sum in another order than one-token decoding's, so
 where the target's top two logits are closer than that rounding, a speculative output may take
 the runner-up. Those prompts are decoded once more, plainly, with the top two log-probabilities
@@ -110,7 +110,8 @@ def measure(
     """
     cfg = config.eval
     rounds: dict[str, list[tuple[int, float]]] = {name: [] for name in configs}
-    outputs: dict[str, dict[str, list[int]]] = {name: {} for name in configs}
+    outputs: dict[str, list[dict[str, list[int]]]] = {name: [] for name in configs}
+    """Each configuration's outputs (prompt id -> tokens), one mapping per round."""
     counters: dict[str, list[dict]] = {name: [] for name in configs}
     for round_ in range(cfg.llamacpp_repeats):
         with contextlib.ExitStack() as stack:
@@ -130,18 +131,21 @@ def measure(
             }
             before = {name: server.counters() for name, server in servers.items()}
             totals = {name: [0, 0.0] for name in configs}
+            for name in configs:
+                outputs[name].append({})
             for prompt in prompts:
                 for name, server in servers.items():
                     answer = server.complete(prompt.input_ids, cfg.max_new_tokens)
                     timings = answer["timings"]
                     totals[name][0] += max(timings["predicted_n"] - 1, 0)
                     totals[name][1] += timings["predicted_ms"]
-                    outputs[name][prompt.id] = answer["tokens"]
+                    outputs[name][-1][prompt.id] = answer["tokens"]
             for name, server in servers.items():
                 rounds[name].append(tuple(totals[name]))
                 counters[name].append(spent(before[name], server.counters()))
         log.info("llama.cpp: round %d of %d done", round_ + 1, cfg.llamacpp_repeats)
-    differing = [p for p in prompts if any(outputs[name][p.id] != outputs[PLAIN][p.id] for name in configs)]
+    reference = outputs[PLAIN][0]
+    differing = [p for p in prompts if any(r[p.id] != reference[p.id] for runs in outputs.values() for r in runs)]
     probs = (
         plain_top2(config, llamacpp, target, server_args, differing, out_dir, cfg.max_new_tokens) if differing else {}
     )
@@ -223,6 +227,18 @@ def lossless(prompts: list, outputs: dict, reference: dict, probs: dict, limit: 
     }
 
 
+def lossless_rounds(prompts: list, rounds: list[dict], reference: dict, probs: dict, limit: float) -> dict:
+    """:func:`lossless` of each round's outputs (prompt id -> tokens, of the prompts among
+    ``prompts`` it holds), summed: a difference in any round is found, not only in the last."""
+    total = {"checked": 0, "identical": 0, "float_ties": [], "mismatched": []}
+    for outputs in rounds:
+        check = lossless([p for p in prompts if p.id in outputs], outputs, reference, probs, limit)
+        for key in total:
+            total[key] += check[key]
+    total["mismatched"] = sorted(set(total["mismatched"]))
+    return total
+
+
 def log_name(name: str) -> str:
     """A server log's file name for a configuration's name."""
     return "llama-server-" + name.replace(", ", "-").replace("=", "") + ".log"
@@ -238,7 +254,7 @@ def _section(configs, rounds, outputs, counters, probs, prompts, target: Path, c
     """Medians over rounds; τ and per-position rates from the counters of every round pooled."""
     speeds = {name: [tokens / ms * 1000 if ms else 0.0 for tokens, ms in runs] for name, runs in rounds.items()}
     plain = statistics.median(speeds[PLAIN])
-    reference = outputs[PLAIN]
+    reference = outputs[PLAIN][0]
     methods = {}
     for name in configs:
         if name == PLAIN:
@@ -255,7 +271,7 @@ def _section(configs, rounds, outputs, counters, probs, prompts, target: Path, c
             "tokens_per_s": median,
             "tokens_per_s_rounds": speeds[name],
             "speedup": median / plain if plain else None,
-            "lossless": lossless(prompts, outputs[name], reference, probs, cfg.llamacpp_tie_margin),
+            "lossless": lossless_rounds(prompts, outputs[name], reference, probs, cfg.llamacpp_tie_margin),
         }
     drafted = [n for n in methods if is_drafted(n)]
     best = max(drafted, key=lambda n: methods[n]["tokens_per_s"])

@@ -105,6 +105,13 @@ def _prepare(paths: RunPaths, work: RunPaths, job: Job, expected: str, redo: boo
     return False
 
 
+def _kept_work(work: RunPaths, shards: int) -> tuple[float, float]:
+    """Wall and CPU seconds the shards already done (by a killed or stopped run) cost, by their
+    sidecars (one written before CPU time was recorded counts its wall time)."""
+    done = [s for s in (storage.read_sidecar(work.hidden_dir, shard) for shard in range(shards)) if s is not None]
+    return sum(s["seconds"] for s in done), sum(s.get("cpu_seconds", s["seconds"]) for s in done)
+
+
 def _made_otherwise(work: RunPaths, job: Job) -> tuple[Path, dict | None] | None:
     """The first sidecar (or index) in the work directory that belongs to another run, and what it was made with."""
     if not work.hidden_dir.is_dir():
@@ -149,6 +156,8 @@ def extract(config: RunConfig, quiet: bool = False, redo: bool = False) -> dict 
         # A rank may wait long for the slowest one: the barriers must not time out first.
         dist.init_process_group("gloo", timeout=timedelta(days=7))
     finished = _prepare(paths, work, job, digest(started.marker), redo) if rank == 0 else False
+    if rank == 0 and not finished:
+        started.carry(*_kept_work(work, len(job.shards)))
     _barrier(world)
     if not finished:
         mine = plan.rank_shards(len(job.shards), rank, world)
@@ -225,7 +234,7 @@ def _write_with(config, paths, job: Job, todo: list[int], prefill: Prefill, labe
 
 
 def _extract_shard(config, paths, job: Job, prefill: Prefill, shard: int, advance) -> dict:
-    t0 = time.monotonic()
+    t0 = storage.clock()
     rows = read_rows(paths, "train", job.shards[shard].start, job.shards[shard].stop, ["id", "input_ids", "loss_mask"])
     lengths = [len(r["input_ids"]) for r in rows]
     buffer = storage.ShardBuffer(

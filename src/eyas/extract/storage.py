@@ -112,12 +112,18 @@ def file_sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def write_shard(directory: Path, shard: int, buffer: ShardBuffer, info: dict, started: float) -> dict:
+def clock() -> tuple[float, float]:
+    """Where a shard's work starts: wall and CPU clocks (:func:`write_shard`'s ``started``)."""
+    return time.monotonic(), time.process_time()
+
+
+def write_shard(directory: Path, shard: int, buffer: ShardBuffer, info: dict, started: tuple[float, float]) -> dict:
     """Write the shard atomically, then its sidecar; returns the sidecar's content.
 
     Refuses a shard whose every sample was not stored exactly once: its sidecar would mark it
-    done. ``seconds`` in the sidecar runs from ``started`` (``time.monotonic()``) to the shard
-    being on disk, so the throughput it implies includes writing and checksumming."""
+    done. ``seconds`` and ``cpu_seconds`` in the sidecar run from ``started`` (:func:`clock`) to
+    the shard being on disk, so the throughput they imply includes writing and checksumming; a
+    resumed extraction counts the shards it keeps by them."""
     final_path = shard_path(directory, shard)
     problem = buffer.incomplete()
     if problem:
@@ -133,7 +139,8 @@ def write_shard(directory: Path, shard: int, buffer: ShardBuffer, info: dict, st
         "bytes": final_path.stat().st_size,
         "sha256": file_sha256(final_path),
         **info,
-        "seconds": round(time.monotonic() - started, 3),
+        "seconds": round(time.monotonic() - started[0], 3),
+        "cpu_seconds": round(time.process_time() - started[1], 3),
     }
     write_json_atomic(sidecar_path(directory, shard), sidecar)
     return sidecar

@@ -29,7 +29,7 @@ from eyas.paths import RunPaths
 from eyas.prompts import iter_prompts
 from eyas.prompts.sources import source_identity
 from eyas.records import PromptRecord
-from eyas.stage import StageContract, StageError, begin, file_digest, flat
+from eyas.stage import StageContract, StageError, begin, file_digest, flat, read_marker, spent
 
 if TYPE_CHECKING:
     from eyas.target.generation import BatchGenerator
@@ -119,6 +119,9 @@ def run(config: RunConfig, quiet: bool = False, redo: bool = False) -> None:
     paths = RunPaths.of(config)
     started = begin(config, CONTRACT, paths)
     _guard_settings(config, paths, redo)
+    kept = read_marker(paths.marker("generate"))  # records made otherwise took theirs aside
+    if kept is not None:
+        started.carry(*spent(kept))
     _reconcile(config, paths)
     for dataset in config.datasets:
         if not dataset.regenerate:

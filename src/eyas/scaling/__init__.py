@@ -4,12 +4,14 @@ Trains the run's own recipe on nested subsets of its train split (``scaling.frac
 prompts, every answer to a prompt kept with it, :func:`eyas.scaling.plan.nested_subsets`),
 each for its share of the full run's steps, so all of them together cost less than the full run
 once. Each subset's drafter, and the run's own, are evaluated by eval's own decoder on the same
-held-out prompts; τ is fitted against log₂(samples) (:func:`eyas.scaling.plan.fit_log2`).
+held-out prompts, each at its last step (a run that kept the step with the best τ picked it on
+those very prompts: :func:`eyas.train.last_step_drafter`); τ is fitted against log₂(samples) (:func:`eyas.scaling.plan.fit_log2`).
 
 Prints and writes (``<run_dir>/scaling/report.json``, ``tau.png``): the gain per doubling with
 its standard error, the train samples each ``scaling.target_tau`` needs, and their price from
 the run's own measured rates — generation (dollars from the ledger for an API run, seconds
-from generate's marker otherwise), extraction and training (their markers) — for the added
+from generate's marker otherwise), extraction and training (their markers, totalled over every
+call that made the outputs: :func:`eyas.stage.spent`) — for the added
 samples and for training again on all of them.
 
 Each subset lives in ``scaling/<samples>-<digest>/`` (a merge directory holding its train rows
@@ -32,12 +34,14 @@ from eyas.config import RunConfig
 from eyas.paths import MARKER, RunPaths
 from eyas.records import content_hash
 from eyas.scaling.plan import Point, fit_log2, nested_subsets, subset_steps
+from eyas.stage import spent
 
 log = logging.getLogger(__name__)
 
 
 def run(config: RunConfig, quiet: bool = False) -> dict:
     """Train and evaluate every subset (resuming what is done), fit, price; the report."""
+    from eyas import train
     from eyas.merge.reader import iter_split
     from eyas.scaling.report import finish
     from eyas.stage import StageError, check
@@ -59,7 +63,7 @@ def run(config: RunConfig, quiet: bool = False) -> dict:
         rows.append({"fraction": fraction, "samples": len(subset), "steps": steps, **tau, **seconds})
     full_dir = paths.scaling_dir / f"{len(ids)}-full"
     full_config = _linked(config, full_dir)
-    point, tau = held_out_tau(full_config, paths.train_final)
+    point, tau = held_out_tau(full_config, train.last_step_drafter(config))
     points.append(point)
     full_train = _marker_run(paths.marker("train"))
     rows.append({"fraction": 1.0, "samples": len(ids), "steps": full_steps, **tau, **full_train})
@@ -149,8 +153,9 @@ def train_subset(config: RunConfig, quiet: bool) -> dict:
 
 
 def _marker_run(marker: Path) -> dict:
-    run = json.loads(marker.read_text())["run"]
-    return {"train_seconds": run["seconds"], "train_cpu_seconds": run["cpu_seconds"]}
+    """What training cost, over every call that trained it (:func:`eyas.stage.spent`)."""
+    seconds, cpu_seconds = spent(json.loads(marker.read_text()))
+    return {"train_seconds": seconds, "train_cpu_seconds": cpu_seconds}
 
 
 def held_out_tau(config: RunConfig, drafter: Path) -> tuple[Point, dict]:
@@ -172,7 +177,9 @@ def per_sample(config: RunConfig) -> dict:
     """What a sample costs this run, from its own markers: generating it (per sample generated,
     held-out ones included: wall and CPU seconds, and dollars from the ledger for an API run),
     extracting its states (offline runs) and training on it (per train sample, at the run's
-    passes per sample)."""
+    passes per sample). Each stage's seconds are its outputs' total over every call that made
+    them (:func:`eyas.stage.spent`), not the last call's: a rerun that found nothing to do
+    costs nothing and changes no price."""
     from eyas.merge.reader import split_lengths
 
     paths = RunPaths.of(config)
@@ -182,8 +189,8 @@ def per_sample(config: RunConfig) -> dict:
     for stage, samples in counts.items():
         marker = paths.marker(stage)
         if marker.is_file() and samples:
-            run = json.loads(marker.read_text())["run"]
-            costs[stage] = {"seconds": run["seconds"] / samples, "cpu_seconds": run["cpu_seconds"] / samples}
+            seconds, cpu_seconds = spent(json.loads(marker.read_text()))
+            costs[stage] = {"seconds": seconds / samples, "cpu_seconds": cpu_seconds / samples}
     ledger = paths.generate_dir / "ledger.jsonl"
     if config.generate.backend == "openai" and ledger.is_file():
         from eyas.generate.http.budget import replay

@@ -157,3 +157,26 @@ def run(config: RunConfig, quiet: bool = False, stop_after: int | None = None, r
         return train(config, world, quiet, stop_after, redo)
     finally:
         teardown(world)
+
+
+def last_step_drafter(config: RunConfig) -> Path:
+    """The finished run's drafter at its last step: ``train/final`` when training kept that one,
+    else (training picked the step with the best τ on the first ``train.tau_prompts`` held-out
+    prompts) the checkpoint written at the last step. An estimate measured on those prompts, as
+    scaling's is, would otherwise read the selection's luck as the run's τ."""
+    from eyas.paths import RunPaths
+    from eyas.stage import StageError, read_marker
+    from eyas.train import checkpoint
+
+    paths = RunPaths.of(config)
+    run = read_marker(paths.marker("train"))["run"]
+    if "selected_step" not in run:
+        return paths.train_final
+    last = checkpoint.latest(paths.train_dir)
+    if last is None or last.name != checkpoint.step_name(run["steps"]):
+        raise StageError(
+            f"{paths.train_final}: chosen by τ at step {run['selected_step']}, and the checkpoint of its last step "
+            f"({run['steps']}) is gone from {checkpoint.checkpoints_dir(paths.train_dir)}; retrain with "
+            "`eyas train CONFIG --redo` to measure the run's own last step"
+        )
+    return last

@@ -46,6 +46,11 @@ def checkpoints_dir(train_dir: Path) -> Path:
     return train_dir / "checkpoints"
 
 
+def step_name(step: int) -> str:
+    """A checkpoint's directory name: ``step-00000240``."""
+    return f"step-{step:08d}"
+
+
 def latest(train_dir: Path) -> Path | None:
     done = sorted(p for p in checkpoints_dir(train_dir).glob("step-*") if not p.name.endswith(".tmp"))
     return done[-1] if done else None
@@ -102,10 +107,20 @@ def made_with(path: Path) -> dict | None:
 
 
 def save(
-    train_dir: Path, step: int, drafter, optimizer, scheduler, is_main: bool, made: dict, schedules: list[list[int]]
+    train_dir: Path,
+    step: int,
+    drafter,
+    optimizer,
+    scheduler,
+    is_main: bool,
+    made: dict,
+    schedules: list[list[int]],
+    spent: tuple[float, float] = (0.0, 0.0),
 ) -> Path:
-    """``schedules``: each learning-rate schedule the run has followed (``Trainer.schedules``)."""
-    final = checkpoints_dir(train_dir) / f"step-{step:08d}"
+    """``schedules``: each learning-rate schedule the run has followed (``Trainer.schedules``);
+    ``spent``: the wall and CPU seconds the run has cost up to this step, over every call that
+    trained it (:meth:`eyas.stage.StageRun.spent_now`), which a resumed run carries on from."""
+    final = checkpoints_dir(train_dir) / step_name(step)
     weights, optim = full_state(drafter, optimizer)
     if not is_main:
         return final
@@ -118,6 +133,7 @@ def save(
         "scheduler": scheduler.state_dict(),
         "rng": rng_state(),
         "schedules": schedules,
+        "spent": list(spent),
     }
     torch.save(state, tmp / STATE_FILE)
     (tmp / MADE_WITH_FILE).write_text(json.dumps(made, indent=2))
@@ -129,9 +145,9 @@ def save(
     return final
 
 
-def restore(path: Path, drafter, optimizer, scheduler, made: dict) -> tuple[int, list[list[int]]]:
-    """Load a checkpoint into live objects (every rank reads it); returns the steps already done
-    and the learning-rate schedules followed so far.
+def restore(path: Path, drafter, optimizer, scheduler, made: dict) -> tuple[int, list[list[int]], tuple[float, float]]:
+    """Load a checkpoint into live objects (every rank reads it); returns the steps already done,
+    the learning-rate schedules followed so far and the seconds they cost (:func:`save`).
 
     Refuses a checkpoint made with other data or settings than ``made``: continuing it would be
     neither the old run nor the new one."""
@@ -153,7 +169,8 @@ def restore(path: Path, drafter, optimizer, scheduler, made: dict) -> tuple[int,
     set_rng_state(state["rng"])
     # A checkpoint written before schedules were recorded followed its saved schedule from step 0.
     schedules = state.get("schedules") or [[0, state["scheduler"]["lr_lambdas"][0]["total"]]]
-    return int(state["step"]), schedules
+    wall, cpu = state.get("spent", (0.0, 0.0))
+    return int(state["step"]), schedules, (wall, cpu)
 
 
 def keep_schedule(scheduler, saved: dict) -> None:

@@ -190,6 +190,8 @@ class Trainer:
     total: int
     made_with: dict
     """:func:`resume_key`: what this run's checkpoints are made with."""
+    stage: StageRun
+    """The stage run this training is (its clock, carried on from a checkpoint it resumes)."""
     schedules: list[list[int]]
     """``[first step, total]`` of each learning-rate schedule the run has followed: one for a run
     trained to its length in one go, one more from the step a longer run continued at
@@ -252,6 +254,7 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
         objective=setup.objective,
         total=total,
         made_with=resume_key(started),
+        stage=started,
         schedules=[[0, total]],
         step_weights=torch.tensor(setup.step_weights, dtype=torch.float64),
         autocast=autocast_for(world.device),
@@ -265,9 +268,10 @@ def resume(trainer: Trainer) -> None:
     refused resume adds no TensorBoard files."""
     path = checkpoint.latest(trainer.paths.train_dir)
     if path is not None:
-        trainer.step, schedules = checkpoint.restore(
+        trainer.step, schedules, spent = checkpoint.restore(
             path, trainer.drafter, trainer.optimizer, trainer.scheduler, trainer.made_with
         )
+        trainer.stage.carry(*spent)
         log.info("resuming from %s (step %d of %d)", path, trainer.step, trainer.total)
         if schedules[-1][1] != trainer.total:
             schedules = [*schedules, [trainer.step, trainer.total]]
@@ -392,6 +396,7 @@ def save_checkpoint(trainer: Trainer) -> None:
         trainer.world.is_main,
         trainer.made_with,
         trainer.schedules,
+        trainer.stage.spent_now(),
     )
     trainer.world.barrier()
 

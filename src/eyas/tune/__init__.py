@@ -312,17 +312,10 @@ class Lossless:
 
     def result(self, cell: Cell) -> dict:
         """Eval's check of each round the cell was measured in, summed."""
-        from eyas.eval.llamacpp_engine import lossless
+        from eyas.eval.llamacpp_engine import lossless_rounds
 
         limit = self.config.eval.llamacpp_tie_margin
-        total = {"checked": 0, "identical": 0, "float_ties": [], "mismatched": []}
-        for outputs in self.outputs.get(cell, []):
-            prompts = [p for p in self.served.prompts if p.id in outputs]
-            check = lossless(prompts, outputs, self.reference, self.top2, limit)
-            for key in total:
-                total[key] += check[key]
-        total["mismatched"] = sorted(set(total["mismatched"]))
-        return total
+        return lossless_rounds(self.served.prompts, self.outputs.get(cell, []), self.reference, self.top2, limit)
 
     def passes(self, cell: Cell) -> bool:
         return not self.result(cell)["mismatched"]

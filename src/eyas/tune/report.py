@@ -46,10 +46,12 @@ def describe(key: str) -> str:
 
 
 def serves(report: dict) -> bool:
-    """Whether the drafter's best setting decodes faster than every way to serve without it."""
+    """Whether the drafter's best setting decodes faster than every way to serve without it,
+    beyond the measurement's noise: its interval clear of the fastest draftless method's (a
+    lead of point estimates alone is no reason to serve a drafter)."""
     best = report["best"]
     cells = report["cells"]
-    return best is not None and cells[best]["speedup"] > cells[report["baseline"]]["speedup"]
+    return best is not None and cells[best]["low"] > cells[report["baseline"]]["high"]
 
 
 def verdict(report: dict) -> str:
@@ -57,20 +59,27 @@ def verdict(report: dict) -> str:
     if best is None:
         return "No drafter setting kept plain decoding's outputs: do not serve this drafter (see the lossless column)."
     b, o = cells[best], cells[baseline]
-    if not serves(report):
+    if b["speedup"] <= o["speedup"]:
         return (
             f"Do not serve this drafter on this machine: {describe(baseline)} decodes at {o['speedup']:.2f}× plain, "
             f"the drafter's best ({describe(best)}) at {b['speedup']:.2f}×." + _budget_note(report)
         )
-    lead = "clear of" if b["low"] > o["high"] else "within the measurement's noise of"
-    text = (
-        f"Serve it with {describe(best)}: {b['speedup']:.2f}× plain decoding "
-        f"[{b['low']:.2f}, {b['high']:.2f}], {lead} {describe(baseline)} ({o['speedup']:.2f}×)."
-    )
+    if not serves(report):
+        return (
+            f"No gain measured on this machine: the drafter's best ({describe(best)}, {_figure(b)}) is within the "
+            f"measurement's noise of {describe(baseline)} ({_figure(o)}); serve that, or measure more rounds "
+            "(tune.max_rounds, a larger --budget-min) to tell them apart." + _budget_note(report)
+        )
+    text = f"Serve it with {describe(best)}: {_figure(b)} plain decoding, clear of {describe(baseline)} ({_figure(o)})."
     crossover = report["crossover"]
     if crossover is not None:
         text += f" With {crossover} or more requests in flight it is slower than plain decoding."
     return text + _budget_note(report)
+
+
+def _figure(cell: dict) -> str:
+    """A cell's speed-up with its interval: ``1.15× [1.13, 1.17]``."""
+    return f"{cell['speedup']:.2f}× [{cell['low']:.2f}, {cell['high']:.2f}]"
 
 
 def _budget_note(report: dict) -> str:
