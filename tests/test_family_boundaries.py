@@ -5,6 +5,7 @@ family is adding its module (and its settings in the config schema, which names 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from eyas.drafter.families import FAMILIES
@@ -24,10 +25,12 @@ def family_names() -> set[str]:
 
 
 def namings(path: Path, root: Path = SRC) -> list[str]:
-    """Where a module names a family: a string constant equal to one, or an import of a family's module."""
+    """Where a module names a family: a string constant equal to one or built on one
+    (``eagle3_broken_aux_order``), or an import of a family's module."""
     names, found = family_names(), []
+    built_on = re.compile("^(" + "|".join(map(re.escape, sorted(names, key=len, reverse=True))) + r")[_.\-]")
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Constant) and node.value in names:
+        if isinstance(node, ast.Constant) and (node.value in names or built_on.match(str(node.value))):
             found.append(f"{path.relative_to(root)}:{node.lineno} names {node.value!r}")
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("eyas.drafter.families."):
             found.append(f"{path.relative_to(root)}:{node.lineno} imports {node.module}")
@@ -40,8 +43,11 @@ def test_no_module_outside_the_family_modules_names_a_family():
 
 def test_the_check_sees_a_named_family(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text('from eyas.drafter.families.dflash import DFLASH\nif family == "dspark":\n    pass\n')
+    bad.write_text(
+        'from eyas.drafter.families.dflash import DFLASH\nif family == "dspark":\n    row = "eagle3_broken_aux_order"\n'
+    )
     assert sorted(namings(bad, tmp_path)) == [
         "bad.py:1 imports eyas.drafter.families.dflash",
         "bad.py:2 names 'dspark'",
+        "bad.py:3 names 'eagle3_broken_aux_order'",
     ]

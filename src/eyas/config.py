@@ -467,15 +467,6 @@ class TrainConfig(Section):
             raise ValueError(f"one of {', '.join(known)}, or a list naming each at most once")
         return families[0] if len(families) == 1 else families
 
-    @model_validator(mode="after")
-    def _warm_start_is_eagle3(self) -> TrainConfig:
-        block = [f for f in self.families if f != "eagle3"]
-        if block and self.init_from:
-            raise ValueError(
-                f"init_from: warm start loads EAGLE-3 drafters; a {block[0]} drafter trains from random weights"
-            )
-        return self
-
 
 def _p_mins(values: list[float]) -> list[float]:
     """``--spec-draft-p-min`` values, sorted without repeats; each a probability in [0, 1)."""

@@ -24,6 +24,7 @@ from rich.table import Table
 from eyas.config import load_config
 from eyas.console import console, setup_logging
 from eyas.paths import RunPaths
+from eyas.speculate.drafter import broken_control_name
 from eyas.stage import read_marker, spent
 
 DEMO_PROMPTS = 192
@@ -31,7 +32,6 @@ MAX_TOKENS = 128
 EVAL_PROMPTS = 16
 TRAIN_STEPS = 240
 LLAMACPP_ROUNDS = 2
-DEMO_CONTROL = "eagle3_broken_aux_order"  # the demo trains EAGLE-3, whose eval adds this control
 
 
 def demo_config() -> dict:
@@ -127,7 +127,9 @@ def summarize(config, results: dict[str, dict], wall_s: float) -> dict:
         "stage_seconds": {name: r["seconds"] for name, r in results.items() if "seconds" in r},
         "tau_drafter": methods[config.train.drafter]["tau"],
         "tau_lookup": methods["prompt_lookup"]["tau"],
-        "tau_broken": methods[DEMO_CONTROL]["tau"] if DEMO_CONTROL in methods else None,
+        "tau_broken": methods[control]["tau"]
+        if (control := broken_control_name(config.train.drafter)) in methods
+        else None,
         "llamacpp": report.get("llamacpp"),
         "lossless": lossless,
         "export": str(paths.export("sglang")),

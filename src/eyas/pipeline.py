@@ -291,6 +291,25 @@ def prepare(
     return True
 
 
+def preflight(config: RunConfig, selected: list[Stage] | None = None) -> None:
+    """Refuse, before the first stage spends anything, what would stop a later one of
+    ``selected`` (default: all): settings a drafter family cannot train with, and a target or
+    drafter the llama.cpp eyas runs cannot serve when the run exports a GGUF file (eval in
+    llama.cpp) — otherwise found only after generation, extraction and training."""
+    from eyas.drafter.families import FAMILIES
+    from eyas.export import formats_for
+
+    names = {stage.name for stage in (selected or STAGES)}
+    for view in config.drafter_views():
+        family = FAMILIES[view.train.drafter]
+        if "train" in names:
+            family.require_trainable(view.train)
+        if names & {"export", "eval"} and "gguf" in formats_for(view):
+            from eyas.target.llamacpp_support import require_served
+
+            require_served(view.target, family, family.configured_options(view.train))
+
+
 def select(first: str | None = None, last: str | None = None) -> list[Stage]:
     """Stages ``first``..``last`` (``--from``, ``--to``), in order."""
     for option, name in (("--from", first), ("--to", last)):
@@ -315,10 +334,12 @@ def run(
     ``{stage, status, result}`` (+ ``seconds``, ``cpu_seconds`` for the steps that ran), and
     ``families``, the comparison, when every drafter family of the run was evaluated."""
     active = active_stages(config)
+    selected = select(first, last)
+    preflight(config, selected)
     results: dict[str, dict] = {}
     for view in config.drafter_views():
         adopt(view)
-    for step in steps(config, select(first, last)):
+    for step in steps(config, selected):
         stage, paths = step.stage, RunPaths.of(step.config)
         if stage not in active:
             log.info("%s: skipped (extract.mode is online: training computes hidden states itself)", stage.name)

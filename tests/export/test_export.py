@@ -262,3 +262,23 @@ def test_export_refuses_layers_a_server_cannot_capture(trained_run):
     )
     with pytest.raises(ConfigError, match=r"0\.\.28 for a 30-layer target"):
         eyas.export.export_one(load_tiny(run_dir), "vllm")
+
+
+def test_a_gguf_readme_says_when_eyas_could_not_tell_that_llamacpp_serves_it(tmp_path):
+    """A "cannot tell" verdict left only a log line, and the README printed the command as if checked."""
+    from eyas.export.gguf import gguf_readme
+
+    args = (
+        tmp_path / "llama-server",
+        tmp_path / "t.gguf",
+        None,
+        tmp_path / "d.gguf",
+        "f32",
+        3,
+        "draft-eagle3",
+        "EAGLE-3",
+    )
+    assert "Not checked" not in gguf_readme(*args)
+    unsure = gguf_readme(*args, "llama.cpp's graph for the plain architecture could not be found")
+    assert "**Not checked:**" in unsure and "graph for the plain architecture could not be found" in unsure
+    assert "eyas export CONFIG --format vllm" in unsure

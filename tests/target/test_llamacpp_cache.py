@@ -104,3 +104,25 @@ def test_changing_the_llamacpp_pin_rebuilds_it(tmp_path):
     subprocess.run(stamp_line, shell=True, check=True, cwd=ROOT)
     assert _make("-q", tree, "llamacpp").returncode == 0
     assert _make("-q", tree, f"LLAMACPP_SHA256={'1' * 64}", "llamacpp").returncode == 1
+
+
+def test_a_targets_files_are_read_again_only_when_their_stat_changes(tmp_path, monkeypatch):
+    """Every export, eval and tune call hashed each weight file of a local target (GBs at real
+    sizes); a file is now known unchanged by its size, modification time and inode, as git's
+    index knows it, and read again when one of them changes."""
+    import os
+
+    from eyas.target.llamacpp import source_digest
+
+    monkeypatch.setenv("EYAS_CACHE", str(tmp_path / "cache"))
+    target = hf_dir(tmp_path / "target", "weights A")
+    weights = target / "config.json"
+    first = source_digest(target)
+    stamp = weights.stat()
+    weights.write_text(json.dumps({"text": "weights B"}))  # same size
+    os.utime(weights, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    assert source_digest(target) == first, "unchanged stat: the digest recorded, not a second read"
+    os.utime(weights, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1))
+    assert source_digest(target) != first, "a new modification time: read again"
+    (tmp_path / "cache" / "digests.json").write_text("{torn")
+    assert source_digest(target) != first, "a torn cache is rebuilt, never trusted"

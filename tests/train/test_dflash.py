@@ -16,6 +16,7 @@ from eyas.drafter.families.dflash import DFlashDrafter, DFlashSession, default_m
 from eyas.drafter.layout import CONFIG_FILE
 from eyas.drafter.spec import spec_for_target
 from eyas.paths import RunPaths
+from eyas.pipeline import preflight
 from eyas.target.capture import capture, default_aux_layers, num_decoder_layers
 from eyas.train.metrics import read_metrics
 from tests.train.conftest import copy_run, load_tiny
@@ -88,8 +89,8 @@ def test_the_default_mask_token_is_a_spare_special_token(tokenizer):
 @pytest.mark.parametrize("drafter", ["dflash", ["eagle3", "dflash"]])
 def test_dflash_settings_that_cannot_work_are_refused_by_key(tmp_path, drafter):
     base = {"run_dir": str(tmp_path), "target": {"device": "cpu"}}
-    with pytest.raises(ConfigError, match="init_from"):
-        parse_config({**base, "train": {"drafter": drafter, "init_from": "elsewhere"}})
+    with pytest.raises(ConfigError, match=r"train\.init_from: .*a DFlash drafter trains from random weights"):
+        preflight(parse_config({**base, "train": {"drafter": drafter, "init_from": "elsewhere"}}))
     with pytest.raises(ConfigError, match="block_size"):
         parse_config({**base, "train": {"drafter": drafter, "dflash": {"block_size": 1}}})
 

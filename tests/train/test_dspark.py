@@ -18,6 +18,7 @@ from eyas.drafter.families.dflash import dflash_spec
 from eyas.drafter.families.dspark import DSparkDrafter, DSparkObjective, DSparkSession, DSparkSpec
 from eyas.drafter.layout import CONFIG_FILE
 from eyas.drafter.spec import spec_for_target
+from eyas.pipeline import preflight
 from eyas.target.capture import capture, default_aux_layers, num_decoder_layers
 from eyas.train.data import Batch
 from eyas.train.metrics import read_metrics
@@ -135,8 +136,8 @@ def test_the_confidence_head_learns_the_acceptance_rate_of_its_position(model, t
 
 def test_dspark_settings_that_cannot_work_are_refused_by_key(tmp_path):
     base = {"run_dir": str(tmp_path), "target": {"device": "cpu"}}
-    with pytest.raises(ConfigError, match="init_from"):
-        parse_config({**base, "train": {"drafter": "dspark", "init_from": "elsewhere"}})
+    with pytest.raises(ConfigError, match=r"train\.init_from: .*a DSpark drafter trains from random weights"):
+        preflight(parse_config({**base, "train": {"drafter": "dspark", "init_from": "elsewhere"}}))
     with pytest.raises(ConfigError, match=r"train\.dspark\.markov_rank"):
         parse_config({**base, "train": {"drafter": "dspark", "dspark": {"markov_rank": 0}}})
 

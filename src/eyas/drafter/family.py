@@ -8,6 +8,8 @@ builds and scores a training batch (:class:`Objective`), drafts in this process
 
 from __future__ import annotations
 
+import json
+import shlex
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -103,6 +105,8 @@ class Family(ABC):
     """``llama-server --spec-type`` that serves it."""
     broken_control: ClassVar[bool] = False
     """Whether eval adds the control that feeds the aux layers in the wrong order."""
+    warm_starts: ClassVar[bool] = False
+    """Whether a run may start from a finished drafter's weights (``train.init_from``)."""
 
     @abstractmethod
     def spec(self, base: DrafterSpec, config: RunConfig) -> DrafterSpec:
@@ -133,6 +137,15 @@ class Family(ABC):
     @abstractmethod
     def readme(self, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
         """The export README for ``format`` (not ``gguf``): what it is, the commands that serve it."""
+
+    def vllm_command(self, directory: Path, target: str, steps: int, dtype: str) -> str:
+        """The fenced ``bash`` block of a README that serves the drafter in ``directory`` beside
+        ``target`` in vLLM, drafting ``steps`` tokens."""
+        speculative = json.dumps({"method": self.vllm_method, "model": str(directory), "num_speculative_tokens": steps})
+        return (
+            f"```bash\n{VLLM_SERVER} --model {target} --dtype {dtype} \\\n"
+            f"  --speculative-config {shlex.quote(speculative)}\n```\n"
+        )
 
     def weights_from(self, config: dict[str, Any], weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Weights read from a layout, under the names the model has."""
@@ -175,6 +188,19 @@ class Family(ABC):
     def left_out(self, train: TrainConfig) -> set[str]:
         """``train.*`` keys it reads that leave its fingerprint for this config (say why)."""
         return set()
+
+    def require_trainable(self, train: TrainConfig) -> None:
+        """Refuse, naming the key, settings this family cannot train with (found before any stage runs)."""
+        if train.init_from and not self.warm_starts:
+            raise ConfigError(
+                f"train.init_from: warm start loads drafters of a family that has one; a {self.title} drafter "
+                "trains from random weights (drop train.init_from)"
+            )
+
+    def configured_options(self, train: TrainConfig) -> list[str]:
+        """The switches of :meth:`options` that ``train`` sets, before any drafter exists (for the
+        engines to be checked against before training)."""
+        return []
 
     def llamacpp_p_mins(self, spec: DrafterSpec, wanted: list[float]) -> list[float]:
         """The ``--spec-draft-p-min`` values of ``wanted`` that ``llama-server`` serves this drafter at

@@ -103,8 +103,9 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
         from eyas.target.llamacpp_support import require_served
 
         # Refused here rather than a README whose command aborts the server on its first request.
-        require_served(config.target, family, list(family.options(spec)))
-        readme = write_gguf(config.target, weights, spec, dtype, tmp, out.resolve(), steps)
+        support = require_served(config.target, family, list(family.options(spec)))
+        unsure = support.reason if support.serves is None else None
+        readme = write_gguf(config.target, weights, spec, dtype, tmp, out.resolve(), steps, unsure)
     else:
         architectures = list(getattr(model_config, "architectures", None) or [])
         family.export(format, weights, spec, tmp, dtype, (verifier, architectures), steps)

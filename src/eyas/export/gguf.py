@@ -24,8 +24,12 @@ from eyas.config import TargetConfig
 from eyas.paths import DRAFT_GGUF
 
 
-def write_gguf(target: TargetConfig, weights: dict, spec, dtype: torch.dtype, tmp: Path, out: Path, steps: int) -> str:
-    """Write the drafter's GGUF into ``tmp`` (to be renamed to ``out``); returns the README."""
+def write_gguf(
+    target: TargetConfig, weights: dict, spec, dtype: torch.dtype, tmp: Path, out: Path, steps: int, unsure: str | None
+) -> str:
+    """Write the drafter's GGUF into ``tmp`` (to be renamed to ``out``); returns the README.
+    ``unsure``: why eyas could not tell from llama.cpp's source whether it serves this target's
+    drafter (:func:`eyas.target.llamacpp_support.require_served`), which the README then says."""
     from eyas.drafter.families import family_of, save_weights
     from eyas.drafter.layout import dtype_name
     from eyas.target.llamacpp import GGUF_TYPES, draft_gguf, find_llamacpp, target_ggufs
@@ -47,19 +51,37 @@ def write_gguf(target: TargetConfig, weights: dict, spec, dtype: torch.dtype, tm
         steps,
         family.llamacpp_spec_type,
         family.title,
+        unsure,
     )
 
 
 def gguf_readme(
-    server: Path, target: Path, shipped: Path | None, draft: Path, outtype: str, steps: int, spec_type: str, title: str
+    server: Path,
+    target: Path,
+    shipped: Path | None,
+    draft: Path,
+    outtype: str,
+    steps: int,
+    spec_type: str,
+    title: str,
+    unsure: str | None = None,
 ) -> str:
-    """``spec_type``: the ``--spec-type`` that serves the drafter; ``title``: its family in prose."""
+    """``spec_type``: the ``--spec-type`` that serves the drafter; ``title``: its family in prose;
+    ``unsure``: why it is not known that this llama.cpp serves it (None: it is)."""
     serve = f"--spec-type {spec_type} --spec-draft-n-max {steps} -md {draft}"
     sections = [
         f"# {title} drafter for llama.cpp\n\nTrained by eyas, converted by llama.cpp's own converter; drafter "
         f"and target in {outtype}, so greedy outputs are the target's own with or without the draft.\n",
         f"## llama.cpp\n\n```bash\n{server} -m {target} \\\n  {serve}\n```\n",
     ]
+    if unsure is not None:
+        sections.insert(
+            1,
+            f"**Not checked:** eyas could not tell from this llama.cpp's source whether it serves this target's "
+            f'{title} drafter ({unsure}). If `llama-server` aborts on the first request with "layer input tensor '
+            'is null", its graph for this target does not hand the drafter the layer inputs: serve the drafter in '
+            "vLLM or SGLang (`eyas export CONFIG --format vllm`).\n",
+        )
     if shipped is not None:
         sections.append(
             "The target as it ships (Q4_1, faster, not bit-equal to the f32 outputs); `--no-repack` because "

@@ -58,4 +58,9 @@ def broken_control(drafter, sample_drafts: bool = False) -> DrafterProposer | No
     family = family_of(drafter.spec)
     if not family.broken_control:
         return None
-    return DrafterProposer(drafter, f"{family.name}_broken_aux_order", BROKEN_ORDER, sample_drafts)
+    return DrafterProposer(drafter, broken_control_name(family.name), BROKEN_ORDER, sample_drafts)
+
+
+def broken_control_name(family: str) -> str:
+    """The row the control of :func:`broken_control` has in eval's report, for the family named ``family``."""
+    return f"{family}_broken_aux_order"

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eyas.config import ConfigError, TargetConfig
+from eyas.files import write_json_atomic
 from eyas.records import content_hash
 from eyas.stage import file_digest
 from eyas.target.children import log_tail, start_child, stop_group
@@ -76,14 +77,44 @@ class LlamaCpp:
         return _files_digest([self.server, *libraries], built)
 
 
-def _files_digest(files: list[Path], root: Path) -> str:
-    return content_hash({str(p.relative_to(root)): file_digest(p) for p in files if p.is_file()})
+def _files_digest(files: list[Path], root: Path, digest=file_digest) -> str:
+    return content_hash({str(p.relative_to(root)): digest(p) for p in files if p.is_file()})
 
 
 def source_digest(directory: Path) -> str:
     """A Hugging Face directory by what the converter reads from it: every top-level file but
-    Markdown (a README changes no tensor), so the same drafter in two export folders is one."""
-    return _files_digest(sorted(p for p in directory.iterdir() if p.suffix != ".md"), directory)
+    Markdown (a README changes no tensor), so the same drafter in two export folders is one.
+    Each file is read once per change of its size, modification time or inode
+    (:func:`stat_digest`): a local target's weights are GBs, and every export, eval and tune
+    call asks."""
+    return _files_digest(sorted(p for p in directory.iterdir() if p.suffix != ".md"), directory, stat_digest)
+
+
+DIGESTS_FILE = "digests.json"
+"""In ``$EYAS_CACHE``: path -> [size, mtime_ns, inode, sha256] of the files :func:`stat_digest` read."""
+
+
+def stat_digest(path: Path) -> str:
+    """``path``'s sha256, read again only when its size, modification time or inode changed
+    since it was last read (as git's index and ccache decide a file is unchanged): writing a
+    file, copying one over it or retraining in place changes them."""
+    from eyas.target import cache_root
+
+    cache = cache_root() / DIGESTS_FILE
+    try:
+        known = json.loads(cache.read_text()) if cache.is_file() else {}
+    except ValueError:  # a cache torn by a crash is rebuilt, never trusted
+        known = {}
+    st = path.stat()
+    key, stamp = str(path.resolve()), [st.st_size, st.st_mtime_ns, st.st_ino]
+    entry = known.get(key)
+    if isinstance(entry, list) and entry[:3] == stamp:
+        return entry[3]
+    sha = file_digest(path)
+    known[key] = [*stamp, sha]
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(cache, known)
+    return sha
 
 
 def find_llamacpp(configured: str | None) -> LlamaCpp:

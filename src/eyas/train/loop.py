@@ -513,6 +513,7 @@ def train(
     """Build, resume, step to the end (or ``stop_after`` steps on, with a checkpoint), finish;
     when the drafter on disk is current already, say so and return it."""
     paths = RunPaths.of(config)
+    family(config.train.drafter).require_trainable(config.train)
     started = begin(config, CONTRACT, paths)
     state = check(config, CONTRACT, paths)
     if state.status == "current":

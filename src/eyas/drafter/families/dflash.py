@@ -37,9 +37,7 @@ length 1 + Σₖ Πᵢ≤ₖ accᵢ that EAGLE-3's evaluation reports is exact f
 
 from __future__ import annotations
 
-import json
 import math
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +48,7 @@ from torch import Tensor, nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from eyas.config import ConfigError, DFlashConfig, RunConfig, TrainConfig
-from eyas.drafter.family import VLLM_SERVER, Family, Training, TrainingInputs
+from eyas.drafter.family import Family, Training, TrainingInputs
 from eyas.drafter.layout import llama_keys, sizes_from_keys
 from eyas.drafter.loss import StepStats
 from eyas.drafter.parts import DrafterWeights, attention_projections, expand_kv
@@ -279,9 +277,10 @@ def sample_anchors(loss_mask: torch.Tensor, count: int, seeds: list[int]) -> tor
     return anchors.to(loss_mask.device)
 
 
-def decay_weights(block_size: int, gamma: float) -> list[float]:
-    """exp(−(k−1)/γ) for block positions k = 1..block_size−1."""
-    return [math.exp(-(k - 1) / gamma) for k in range(1, block_size)]
+def decay_weights(positions: int, gamma: float) -> list[float]:
+    """exp(−j/γ) for the j-th drafted position of a block, j = 0..positions−1 (DFlash's
+    exp(−(k−1)/γ) for block positions k = 1..block_size−1; DSpark's exp(−k/γ), k = 0..block_size−1)."""
+    return [math.exp(-j / gamma) for j in range(positions)]
 
 
 @dataclass
@@ -402,8 +401,7 @@ class DFlash(Family):
     title = "DFlash"
     architectures = (DFLASH_ARCH,)
     aux_layer_count = None
-    reads = frozenset({"drafter", "dflash"})
-    """``drafter`` too: EAGLE-3 runs keep the fingerprint they had before DFlash existed."""
+    reads = frozenset({"dflash"})
     formats = ("sglang", "vllm", "gguf")
     vllm_method = "dflash"
     llamacpp_arch = "dflash"
@@ -430,7 +428,7 @@ class DFlash(Family):
         return Training(
             spec=self.spec(inputs.base, inputs.config),
             objective=self.objective(cfg),
-            step_weights=decay_weights(cfg.block_size, cfg.decay),
+            step_weights=decay_weights(cfg.block_size - 1, cfg.decay),
         )
 
     def objective(self, cfg: DFlashConfig) -> BlockObjective:
@@ -454,7 +452,6 @@ class DFlash(Family):
 
     def readme(self, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
         """One layout (z-lab's ``DFlashDraftModel``) that SGLang and vLLM both read."""
-        vllm_config = json.dumps({"method": self.vllm_method, "model": str(directory), "num_speculative_tokens": steps})
         return "\n".join(
             [
                 f"# DFlash drafter for `{target}`\n\nTrained by eyas; weights in {dtype}. The token embedding and "
@@ -462,8 +459,7 @@ class DFlash(Family):
                 "## SGLang\n\n```bash\n"
                 f"python -m sglang.launch_server --model-path {target} --dtype {dtype} \\\n"
                 f"  --speculative-algorithm DFLASH --speculative-draft-model-path {directory}\n```\n",
-                f"## vLLM\n\n```bash\n{VLLM_SERVER} --model {target} --dtype {dtype} \\\n"
-                f"  --speculative-config {shlex.quote(vllm_config)}\n```\n",
+                "## vLLM\n\n" + self.vllm_command(directory, target, steps, dtype),
             ]
         )
 

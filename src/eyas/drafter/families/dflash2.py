@@ -32,8 +32,6 @@ carry DFlash's per-position weight exp(−(k−1)/γ).
 
 from __future__ import annotations
 
-import json
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,7 +56,6 @@ from eyas.drafter.families.dflash import (
     sample_anchors,
     soft_cross_entropy,
 )
-from eyas.drafter.family import VLLM_SERVER
 from eyas.drafter.spec import DrafterSpec
 
 DFLASH2_ARCH = "DFlash2DraftModel"
@@ -223,7 +220,7 @@ class DFlash2(DFlash):
     name = "dflash2"
     title = "DFlash2"
     architectures = (DFLASH2_ARCH,)
-    reads = frozenset({"drafter", "dflash2"})
+    reads = frozenset({"dflash2"})
     formats = ("sglang", "vllm", "gguf")
     vllm_method = "dflash"
     """vLLM serves a ``DFlash2DraftModel`` under the ``dflash`` method, in its GPU model runner only."""
@@ -264,15 +261,13 @@ class DFlash2(DFlash):
 
     def readme(self, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
         """z-lab's ``DFlash2DraftModel`` layout; vLLM runs it in its GPU model runner only."""
-        vllm_config = json.dumps({"method": self.vllm_method, "model": str(directory), "num_speculative_tokens": steps})
         return "\n".join(
             [
                 f"# DFlash2 drafter for `{target}`\n\nTrained by eyas; weights in {dtype}; z-lab's "
                 "`DFlash2DraftModel` layout. The token embedding and output head are not included: servers "
                 "share the target's.\n",
                 "## vLLM (GPU)\n\nvLLM runs DFlash2 drafters in its GPU model runner only: its CPU build refuses "
-                f"them.\n\n```bash\n{VLLM_SERVER} --model {target} --dtype {dtype} \\\n"
-                f"  --speculative-config {shlex.quote(vllm_config)}\n```\n",
+                "them.\n\n" + self.vllm_command(directory, target, steps, dtype),
                 "## SGLang\n\nNo SGLang release eyas has checked serves DFlash2 (its support is pull request "
                 "sgl-project/sglang#35371).\n",
                 "## llama.cpp\n\n`eyas export CONFIG --format gguf` writes the GGUF file and its `llama-server` command.\n",

@@ -29,9 +29,6 @@ weighted exp(−k/γ) per position, plus the confidence head's loss.
 
 from __future__ import annotations
 
-import json
-import math
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,11 +46,12 @@ from eyas.drafter.families.dflash import (
     block_labels,
     block_stats,
     block_tokens,
+    decay_weights,
     dflash_config,
     dflash_spec,
     sample_anchors,
 )
-from eyas.drafter.family import VLLM_SERVER, Training, TrainingInputs
+from eyas.drafter.family import Training, TrainingInputs
 from eyas.drafter.spec import DrafterSpec
 from eyas.drafter.vocab import draft_vocab_size
 
@@ -221,7 +219,7 @@ class DSpark(DFlash):
     name = "dspark"
     title = "DSpark"
     architectures = (DSPARK_ARCH,)
-    reads = frozenset({"drafter", "dspark", "draft_vocab_size"})
+    reads = frozenset({"dspark", "draft_vocab_size"})
     formats = ("sglang", "vllm", "gguf")
     vllm_method = "dspark"
     vllm_gpu_only = True
@@ -261,7 +259,7 @@ class DSpark(DFlash):
             objective=DSparkObjective(
                 cfg.anchors, cfg.block_size, draft_ids.to(device), t2d.to(device), cfg.confidence_weight
             ),
-            step_weights=[math.exp(-k / cfg.decay) for k in range(cfg.block_size)],
+            step_weights=decay_weights(cfg.block_size, cfg.decay),
             vocab=vocab,
         )
 
@@ -281,14 +279,12 @@ class DSpark(DFlash):
 
     def readme(self, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
         """DeepSpec's ``Qwen3DSparkModel`` layout; vLLM runs ``dspark`` in its GPU model runner only."""
-        vllm_config = json.dumps({"method": self.vllm_method, "model": str(directory), "num_speculative_tokens": steps})
         return "\n".join(
             [
                 f"# DSpark drafter for `{target}`\n\nTrained by eyas; weights in {dtype}; DeepSpec's "
                 "`Qwen3DSparkModel` layout. The token embedding is not included: servers share the target's.\n",
                 "## vLLM (GPU)\n\nvLLM runs `dspark` in its GPU model runner only: its CPU build refuses it.\n\n"
-                f"```bash\n{VLLM_SERVER} --model {target} --dtype {dtype} \\\n"
-                f"  --speculative-config {shlex.quote(vllm_config)}\n```\n",
+                + self.vllm_command(directory, target, steps, dtype),
                 "## llama.cpp\n\n`eyas export CONFIG --format gguf` writes the GGUF file and its `llama-server` command.\n",
             ]
         )

@@ -38,8 +38,6 @@ still loads, and acceptance quietly drops):
 
 from __future__ import annotations
 
-import json
-import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -409,6 +407,7 @@ class Eagle3(Family):
     llamacpp_arch = "eagle3"
     llamacpp_spec_type = "draft-eagle3"
     broken_control = True
+    warm_starts = True
 
     def spec(self, base: DrafterSpec, config: RunConfig) -> Eagle3Spec:
         return Eagle3Spec(**base.sizes(), **config.train.eagle3.model_dump())
@@ -455,7 +454,6 @@ class Eagle3(Family):
         )
 
     def readme(self, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
-        vllm_config = json.dumps({"method": self.vllm_method, "model": str(directory), "num_speculative_tokens": steps})
         sections = [
             f"# EAGLE-3 drafter for `{target}`\n\n"
             f"Trained by eyas; layout `{format}`, weights in {dtype}. The token embedding is not included: "
@@ -471,18 +469,19 @@ class Eagle3(Family):
                 f"  --speculative-algorithm EAGLE3 --speculative-draft-model-path {directory} \\\n"
                 f"  --speculative-num-steps {steps} --speculative-eagle-topk 1 --speculative-num-draft-tokens {steps + 1}\n```\n"
             )
-            sections.append(
-                f"## vLLM\n\n```bash\n{VLLM_SERVER} --model {target} --dtype {dtype} \\\n"
-                f"  --speculative-config {shlex.quote(vllm_config)}\n```\n"
-            )
+            sections.append("## vLLM\n\n" + self.vllm_command(directory, target, steps, dtype))
         return "\n".join(sections)
 
     def left_out(self, train: TrainConfig) -> set[str]:
-        """EAGLE-3 as published keeps the fingerprint its drafters had before EAGLE-3.1 existed."""
-        return {"eagle3"} if train.eagle3 == Eagle3Config() else set()
+        """EAGLE-3 runs keep the fingerprint they had before other families existed (no
+        ``train.drafter``), and EAGLE-3 as published the one it had before EAGLE-3.1 existed."""
+        return {"drafter"} | ({"eagle3"} if train.eagle3 == Eagle3Config() else set())
 
     def options(self, spec: Eagle3Spec) -> dict[str, bool]:
         return eagle3_1_keys(spec)
+
+    def configured_options(self, train: TrainConfig) -> list[str]:
+        return [key for key in EAGLE3_1_KEYS if getattr(train.eagle3, key)]
 
 
 EAGLE3 = Eagle3()
