@@ -1,5 +1,6 @@
 """The local backend on the real embedded model: schema, true token ids, resume, crash safety."""
 
+import json
 import os
 import signal
 import subprocess
@@ -137,3 +138,46 @@ def test_a_rerun_that_finds_nothing_to_do_keeps_what_the_records_cost(tmp_path):
     again = read_marker(marker)["run"]
     assert again["total_seconds"] >= first[0] > again["seconds"]
     assert again["total_cpu_seconds"] >= first[1]
+
+
+def test_a_hub_target_whose_branch_moved_is_not_mixed_with_its_earlier_answers(tmp_path, tokenizer):
+    """A hub target's revision was recorded only when named: ``main`` could move between two
+    runs, and the second run's answers joined the first's as if one model had written both. The
+    commit it resolved to is recorded now (offline here, from the cache's ``refs/main``, as
+    huggingface_hub resolves it)."""
+    import shutil
+
+    from tests.tiny_targets import build_target
+
+    repo = tmp_path / "hub" / "models--eyas-test--tiny"
+    first, second = "1" * 40, "2" * 40
+    build_target("Llama", tokenizer, repo / "snapshots" / first)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(first)
+    write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": q} for q in QUESTIONS[:1]])
+    data = {
+        "run_dir": "run",
+        "target": {"model": "eyas-test/tiny", "device": "cpu"},
+        "datasets": [{"name": "qa", "source": "prompts.jsonl"}],
+        "generate": {"backend": "local", "max_tokens": 2},
+    }
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "eyas", "generate", str(tmp_path / "run.yaml"), "--quiet"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    settings = tmp_path / "run" / "generate" / "settings.json"
+    assert json.loads(settings.read_text())["commit"] == first
+
+    shutil.copytree(repo / "snapshots" / first, repo / "snapshots" / second)
+    (repo / "refs" / "main").write_text(second)
+    moved = subprocess.run(cmd, env={**env, "COLUMNS": "400"}, capture_output=True, text=True, cwd=tmp_path)
+    assert moved.returncode == 6, moved.stderr
+    assert f"target.revision (the commit it resolved to): '{first}' -> '{second}'" in moved.stderr
+    assert len(list(read_records(tmp_path / "run" / "generate" / "qa.jsonl"))) == 1
+
+    # Records from before the commit was recorded are taken as made with today's, which is then recorded.
+    recorded = json.loads(settings.read_text())
+    settings.write_text(json.dumps({k: v for k, v in recorded.items() if k != "commit"}))
+    assert subprocess.run(cmd, env=env, capture_output=True, cwd=tmp_path).returncode == 0
+    assert json.loads(settings.read_text())["commit"] == second

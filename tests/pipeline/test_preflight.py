@@ -31,7 +31,9 @@ def test_a_target_llamacpp_cannot_serve_is_refused_before_generating(tmp_path):
     """Gemma-3's graph in the pinned llama.cpp never hands a drafter the layer inputs: found once
     generation, extraction and training had run, before."""
     config_class, settings = ARCHITECTURES["Gemma-3"]
-    getattr(transformers, config_class)(**{**COMMON, **settings}, vocab_size=64).save_pretrained(tmp_path / "gemma")
+    gemma = getattr(transformers, config_class)(**{**COMMON, **settings}, vocab_size=64)
+    gemma.architectures = ["Gemma3ForCausalLM"]  # what the model's own save writes
+    gemma.save_pretrained(tmp_path / "gemma")
     config = _config(tmp_path, str(tmp_path / "gemma"))
     with pytest.raises(ConfigError, match=r"cannot serve this target's EAGLE-3 drafter: .*gemma3"):
         pipeline.run(config, quiet=True)

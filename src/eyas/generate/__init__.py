@@ -30,6 +30,7 @@ from eyas.prompts import iter_prompts
 from eyas.prompts.sources import source_identity
 from eyas.records import PromptRecord
 from eyas.stage import StageContract, StageError, begin, file_digest, flat, read_marker, spent
+from eyas.target import hub_commit
 
 if TYPE_CHECKING:
     from eyas.target.generation import BatchGenerator
@@ -65,6 +66,23 @@ def sampling_settings(config: RunConfig) -> dict:
     return settings
 
 
+def recorded_settings(config: RunConfig) -> dict:
+    """What ``generate/settings.json`` holds of the records: the sampling settings and, for an
+    in-house backend on a hub target, the commit its revision resolved to (:func:`hub_commit`),
+    so a branch that moved between two runs stops the second instead of mixing two models'
+    answers. The commit stays out of the fingerprint: records made from another one are new
+    content, which makes the later stages stale by itself."""
+    settings = sampling_settings(config)
+    if config.generate.backend != "openai" and (commit := hub_commit(config.target)) is not None:
+        settings["commit"] = commit
+    return settings
+
+
+RECORDED_LATER = {"commit"}
+"""Settings eyas began recording after runs were made with it: a ``settings.json`` without one
+was written before, and its records are taken as made with today's (which it then records)."""
+
+
 def setting_key(config: RunConfig, name: str) -> str:
     """Where a sampling setting lives in the config, for messages (``generate/settings.json`` keeps
     short names so that runs made before the keys moved under ``generate.http`` still resume)."""
@@ -72,6 +90,8 @@ def setting_key(config: RunConfig, name: str) -> str:
         return "generate.http.model" if config.generate.backend == "openai" else "target.model"
     if name in ("revision", "tokenizer"):
         return f"target.{name}"
+    if name == "commit":
+        return "target.revision (the commit it resolved to)"
     return f"generate.http.{name}" if name in ("reasoning", "extra_body") else f"generate.{name}"
 
 
@@ -154,7 +174,12 @@ def _guard_settings(config: RunConfig, paths: RunPaths, redo: bool) -> None:
     temperature or max_tokens would mix two distributions in one corpus. With ``redo`` the old
     records are moved aside, never deleted: they may have cost money."""
     settings_file = paths.generate_dir / "settings.json"
-    changed = settings_changes(settings_file, sampling_settings(config))
+    settings = recorded_settings(config)
+    changed = {
+        k: (was, now)
+        for k, (was, now) in settings_changes(settings_file, settings).items()
+        if not (k in RECORDED_LATER and was is None)
+    }
     if changed and not redo:
         detail = ", ".join(f"{setting_key(config, k)}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
         raise StageError(
@@ -171,7 +196,7 @@ def _guard_settings(config: RunConfig, paths: RunPaths, redo: bool) -> None:
             if path.exists():
                 path.rename(aside / path.name)
         log.warning("records made with other settings moved to %s", aside)
-    save_settings(settings_file, sampling_settings(config))
+    save_settings(settings_file, settings)
 
 
 def _run_in_house(config: RunConfig, paths: RunPaths, quiet: bool) -> None:

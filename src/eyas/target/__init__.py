@@ -97,6 +97,24 @@ def resolve_target(cfg: TargetConfig) -> TargetSource:
     return TargetSource(cfg.model, cfg.revision)
 
 
+def hub_commit(cfg: TargetConfig) -> str | None:
+    """The commit a hub target's ``target.revision`` (default ``main``) resolves to now, as
+    huggingface_hub resolves it (online: the hub; offline: the cache's ``refs/``); None for a
+    local, GGUF or embedded target, whose content is its own identity. A branch can move between
+    two runs: records made from one commit are not mixed with another's unseen."""
+    source = resolve_target(cfg)
+    if source.is_local:
+        return None
+    from huggingface_hub import snapshot_download
+
+    try:
+        # Only config.json: the snapshot folder's name is the commit, and nothing large is fetched.
+        snapshot = snapshot_download(source.name_or_path, revision=source.revision, allow_patterns=["config.json"])
+    except Exception as e:  # the hub's own errors: no such repo or revision, offline with an empty cache
+        raise ConfigError(f"target.model: cannot resolve {cfg.model}@{cfg.revision or 'main'} to a commit: {e}") from e
+    return Path(snapshot).name
+
+
 def _file_digest(path: Path) -> str:
     with path.open("rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()[:16]
