@@ -17,11 +17,12 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "eyas"
 STAGES = ("prompts", "generate", "tokenize", "merge", "extract", "train", "export", "eval")
 READERS = {
     "prompts": {"eyas.prompts"},
-    "generate": {"eyas.generate.store"},
+    "generate": {"eyas.generate.store", "eyas.generate.expected"},
     "merge": {"eyas.merge.reader", "eyas.merge.stats"},
     "extract": {"eyas.extract.reader"},
 }
-"""Each stage's public way to read what it produced (tokenize's Parquet is read through merge;
+"""Each stage's public way to read what it produced (generate's also what it will produce, for
+planning space before it runs; tokenize's Parquet is read through merge;
 merge's ``stats.json`` and its length histogram through ``merge.stats``)."""
 SHARED = ("target", "drafter", "speculate")
 SHARED_USES = {"drafter": {"target"}, "speculate": {"target", "drafter"}}

@@ -22,6 +22,8 @@ from eyas.console import console, setup_logging
 from eyas.generate.http.errors import RunStopped
 from eyas.jsonl import JsonlError
 from eyas.paths import RunPaths
+from eyas.space import EXIT_CODE as DISK_FULL
+from eyas.space import disk_full_message, is_disk_full
 from eyas.stage import StageError
 from eyas.target.llamacpp import LlamaCppError
 from eyas.target.vllm import VllmError
@@ -376,6 +378,7 @@ def status(config: ConfigArg) -> None:
 
     run_config = _open_run(config, quiet=True)
     console.print(pipeline.status_table(run_config))
+    console.print(pipeline.space_line(run_config), highlight=False)
     console.print(table(collect(run_config)))
 
 
@@ -430,7 +433,12 @@ def main() -> None:
         sys.exit(EXIT_BAD_INPUT)
     except StageError as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
-        sys.exit(StageError.EXIT_CODE)
+        sys.exit(e.EXIT_CODE)
+    except OSError as e:
+        if not is_disk_full(e):
+            raise
+        console.print(f"[bold red]error:[/] {escape(disk_full_message(e))}", highlight=False)
+        sys.exit(DISK_FULL)
     except RunStopped as e:
         # Credits exhausted (3), budget reached (4), requests rejected (5): see eyas.generate.http.errors.
         console.print(f"[bold red]stopped:[/] {e}", markup=True, highlight=False)

@@ -216,22 +216,38 @@ def next_step(stage: Stage, state: StageState) -> str:
 
 def status_table(config: RunConfig, selected: list[Stage] | None = None) -> Table:
     states = statuses(config)
+    from eyas.space import human_bytes
+
     t = Table(title=f"stages of {config.run_dir}")
-    for col in ("stage", "state", "why", "eyas run would"):
-        t.add_column(col)
+    for col in ("stage", "state", "why", "holds", "eyas run would"):
+        t.add_column(col, justify="right" if col == "holds" else "left")
     colors = {"current": "green", "stale": "yellow", "missing": "red"}
     for step in steps(config, selected):
         if step.name not in states:
-            t.add_row(step.name, "skipped", "extract.mode is online: training computes the states", "skip")
+            t.add_row(step.name, "skipped", "extract.mode is online: training computes the states", "", "skip")
             continue
         state = states[step.name]
-        t.add_row(step.name, f"[{colors[state.status]}]{state.status}[/]", state.why, next_step(step.stage, state))
+        held = human_bytes(held_bytes(RunPaths.of(step.config), step.stage.name))
+        t.add_row(
+            step.name, f"[{colors[state.status]}]{state.status}[/]", state.why, held, next_step(step.stage, state)
+        )
     from eyas.eval.families import families_state
 
     if (state := families_state(config)) is not None:
         again = "skip" if state.status == "current" else "compare (after every family's eval)"
-        t.add_row("families", f"[{colors[state.status]}]{state.status}[/]", state.why, again)
+        t.add_row("families", f"[{colors[state.status]}]{state.status}[/]", state.why, "", again)
     return t
+
+
+def space_line(config: RunConfig) -> str:
+    """The run directory's free space and what ``eyas run`` would write next, as far as it can
+    be told before generating (:func:`space_needs`)."""
+    from eyas.space import free_bytes, human_bytes
+
+    needs, _ = space_needs(config, set(STAGE_NAMES))
+    parts = ", ".join(f"{n.what} {human_bytes(n.bytes)}" for n in needs if n.bytes) or "nothing it can tell yet"
+    root = RunPaths.of(config).root
+    return f"{root}: {human_bytes(free_bytes(root))} free; `eyas run` would write next: {parts}"
 
 
 def _stage(name: str) -> Stage:
@@ -298,8 +314,10 @@ def preflight(config: RunConfig, selected: list[Stage] | None = None) -> None:
     llama.cpp) — otherwise found only after generation, extraction and training."""
     from eyas.drafter.families import FAMILIES
     from eyas.export import formats_for
+    from eyas.space import require_room
 
     names = {stage.name for stage in (selected or STAGES)}
+    require_room(RunPaths.of(config).root, *space_needs(config, names))
     for view in config.drafter_views():
         family = FAMILIES[view.train.drafter]
         if "train" in names:
@@ -308,6 +326,35 @@ def preflight(config: RunConfig, selected: list[Stage] | None = None) -> None:
             from eyas.target.llamacpp_support import require_served
 
             require_served(view.target, family, family.configured_options(view.train))
+
+
+def space_needs(config: RunConfig, names: set[str]) -> tuple[list, list[str]]:
+    """What the stages in ``names`` will write that can be told before generating, as
+    :class:`eyas.space.Need` s, and the settings that would store less: the records still to
+    write (from the prompts) and, offline, the states extraction will store (``eyas
+    estimate``'s figure, less the shards already written). Training and export check theirs
+    when they start, knowing the drafter."""
+    from eyas import extract
+    from eyas.extract.estimate import need
+    from eyas.generate.expected import expected
+    from eyas.space import Need
+
+    paths = RunPaths.of(config)
+    needs, levers = [], []
+    if "generate" in names:
+        needs.append(Need("generate: records", expected(config).record_bytes))
+    stores_states = "extract" in names and config.extract.mode == "offline"
+    if stores_states and check(config, extract.CONTRACT, paths).status != "current":
+        written = sum(p.stat().st_size for p in paths.hidden_dir.glob("shard-*.safetensors"))
+        states, levers = need(config, written)
+        needs.append(states)
+    return needs, levers
+
+
+def held_bytes(paths: RunPaths, stage: str) -> int:
+    """The bytes a stage's directory holds (training's: its checkpoints and drafters)."""
+    where = paths.train_dir if stage == "train" else paths.marker(stage).parent
+    return sum(f.stat().st_size for f in where.rglob("*") if f.is_file()) if where.is_dir() else 0
 
 
 def select(first: str | None = None, last: str | None = None) -> list[Stage]:

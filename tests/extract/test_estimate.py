@@ -8,7 +8,6 @@ import pytest
 from eyas.config import RunConfig
 from eyas.extract.estimate import Inputs, estimate, gather
 from eyas.merge.stats import SplitStats, tokens_over
-from eyas.stage import StageError
 
 REFERENCE_TOKENS = 138_000_000
 
@@ -101,12 +100,16 @@ def test_eyas_estimate_reads_only_the_targets_config_and_merge_stats(tmp_path):
     assert "cap at 8,192 tokens" in out and "fp8 storage" in out and "without dataset agentic" in out
 
 
-def test_before_merge_it_reads_tokenize_lengths_and_without_data_it_says_what_to_run(tmp_path, target_config):
+def test_before_merge_it_reads_tokenize_lengths_and_before_generation_the_prompts(tmp_path, target_config):
+    from tests.conftest import write_jsonl
     from tests.corpus import write_tokenized
 
-    config = RunConfig.model_validate({"run_dir": str(tmp_path), "datasets": [{"name": "a", "source": "x.jsonl"}]})
-    with pytest.raises(StageError, match="run `eyas tokenize CONFIG` first"):
-        gather(config)
+    source = write_jsonl(tmp_path / "x.jsonl", [{"prompt": "Say hello."}, {"prompt": "Name a fruit."}])
+    config = RunConfig.model_validate({"run_dir": str(tmp_path), "datasets": [{"name": "a", "source": str(source)}]})
+    early = gather(config)
+    assert early.source.startswith("expected from the prompts, answers at up to generate.max_tokens 512")
+    assert sum(r["samples"] for r in early.histograms["a"]) == 2
+    assert sum(r["tokens"] for r in early.histograms["a"]) > 2 * 512, "every answer may run to the cap"
     rows = [
         {
             "id": f"a/{i}",

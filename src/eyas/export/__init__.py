@@ -62,11 +62,25 @@ def run(config: RunConfig, quiet: bool = False) -> list[Path]:
     """The stage: every layout the run serves, then the marker; returns their directories."""
     paths = RunPaths.of(config)
     started = begin(config, CONTRACT, paths)
+    _require_room(config, paths)
     # Until every layout is rewritten, no marker vouches for the directory.
     paths.marker("export").unlink(missing_ok=True)
     written = [export_one(config, f) for f in formats_for(config)]
     started.finish(paths.marker("export"))
     return written
+
+
+def _require_room(config: RunConfig, paths: RunPaths) -> None:
+    """Each layout holds the drafter's weights once (at most as large as training's float32),
+    written beside the old one before it is replaced."""
+    from eyas.drafter.layout import WEIGHTS_FILE
+    from eyas.space import Need, require_room
+
+    weights = paths.train_final / WEIGHTS_FILE
+    if weights.is_file():
+        formats = formats_for(config)
+        need = Need(f"export: {', '.join(formats)}", weights.stat().st_size * len(formats))
+        require_room(paths.export_dir, [need], [])
 
 
 def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None = None) -> Path:

@@ -17,13 +17,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import numpy as np
 from rich.table import Table
 
 from eyas.config import ExtractConfig, RunConfig
 from eyas.extract.plan import bytes_per_token
 from eyas.merge.stats import Histogram, tokens_over
 from eyas.paths import RunPaths
-from eyas.stage import StageError
+from eyas.space import Need, human_bytes
 
 CANDIDATE_CAPS = (2048, 4096, 8192, 16384, 32768)
 NUM_AUX = 3
@@ -53,15 +54,17 @@ class Line:
     tokens: float
     bytes: float
     seconds: float | None
+    setting: str = ""
+    """The config change that gives this line (none for the corpus as configured)."""
 
 
 def storage_bytes(tokens: float, hidden_size: int, dtype: str) -> float:
     return tokens * bytes_per_token(hidden_size, NUM_AUX, dtype)
 
 
-def _line(scenario: str, tokens: float, inputs: Inputs, dtype: str) -> Line:
+def _line(scenario: str, tokens: float, inputs: Inputs, dtype: str, setting: str = "") -> Line:
     seconds = tokens / inputs.throughput if inputs.throughput else None
-    return Line(scenario, tokens, storage_bytes(tokens, inputs.hidden_size, dtype), seconds)
+    return Line(scenario, tokens, storage_bytes(tokens, inputs.hidden_size, dtype), seconds, setting)
 
 
 def estimate(inputs: Inputs) -> list[Line]:
@@ -71,24 +74,39 @@ def estimate(inputs: Inputs) -> list[Line]:
     for cap in sorted(inputs.caps):
         cut = sum(tokens_over(h, cap) for h in inputs.histograms.values())
         if cut > 0:
-            lines.append(_line(f"cap at {cap:,} tokens", total - cut, inputs, inputs.dtype))
+            cap_line = _line(f"cap at {cap:,} tokens", total - cut, inputs, inputs.dtype, f"merge.max_seq_len: {cap}")
+            lines.append(cap_line)
     other = "fp8" if inputs.dtype == "bf16" else "bf16"
-    lines.append(_line(f"{other} storage", total, inputs, other))
+    lines.append(_line(f"{other} storage", total, inputs, other, f"extract.dtype: {other}"))
     cut = sum(tokens_over(h, 8192) for h in inputs.histograms.values())
     if other == "fp8" and cut > 0:
-        lines.append(_line("cap at 8,192 tokens + fp8", total - cut, inputs, "fp8"))
+        both = "merge.max_seq_len: 8192 and extract.dtype: fp8"
+        lines.append(_line("cap at 8,192 tokens + fp8", total - cut, inputs, "fp8", both))
     if len(inputs.histograms) > 1:
         for name, h in inputs.histograms.items():
-            lines.append(_line(f"without dataset {name}", total - sum(r["tokens"] for r in h), inputs, inputs.dtype))
+            without = total - sum(r["tokens"] for r in h)
+            lines.append(
+                _line(f"without dataset {name}", without, inputs, inputs.dtype, f"datasets[{name}].drop: true")
+            )
     return lines
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000:
-            return f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"
+def levers(lines: list[Line]) -> list[str]:
+    """The settings that store less than the corpus as configured, each with its figure, and
+    online training, which stores nothing."""
+    base = lines[0]
+    smaller = [f"{line.setting} ({human_bytes(line.bytes)})" for line in lines[1:] if line.bytes < base.bytes]
+    return [*smaller, "extract.mode: online (no states stored: training runs the target)"]
+
+
+def need(config: RunConfig, written: int = 0) -> tuple[Need, list[str]]:
+    """What extraction will write beyond the ``written`` bytes of shards already done, by the
+    estimate (before generation, from the prompts: :mod:`eyas.generate.expected`), and the
+    settings that would store less."""
+    inputs = gather(config)
+    lines = estimate(inputs)
+    what = f"extract: hidden states of about {lines[0].tokens:,.0f} tokens in {inputs.dtype} ({inputs.source})"
+    return Need(what, max(0, round(lines[0].bytes) - written)), levers(lines)
 
 
 def human_seconds(s: float | None) -> str:
@@ -170,11 +188,15 @@ def _corpus(config: RunConfig, paths: RunPaths) -> tuple[dict[str, list[dict]], 
         h = Histogram()
         h.add(pq.read_table(path, columns=["num_tokens"]).column(0).to_numpy())
         histograms[d.name] = h.to_json()
-    if not histograms:
-        raise StageError(
-            f"{paths.root}: no tokenized or merged data to estimate from; run `eyas tokenize CONFIG` first"
-        )
-    return histograms, "tokenize output (before merge)"
+    if histograms:
+        return histograms, "tokenize output (before merge)"
+    from eyas.generate.expected import expected
+
+    for name, lengths in expected(config).lengths.items():
+        h = Histogram()
+        h.add(np.asarray(lengths, dtype=np.int64))
+        histograms[name] = h.to_json()
+    return histograms, f"expected from the prompts, answers at up to generate.max_tokens {config.generate.max_tokens}"
 
 
 def run(config: RunConfig, quiet: bool = False) -> list[Line]:

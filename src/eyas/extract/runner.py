@@ -105,6 +105,22 @@ def _prepare(paths: RunPaths, work: RunPaths, job: Job, expected: str, redo: boo
     return False
 
 
+def _require_room(config: RunConfig, work: RunPaths, job: Job) -> None:
+    """Refuse to start shards that will not fit: the shards still to write, at the bytes a token
+    of them takes, against the free space (with the settings that store less, by the estimate)."""
+    from eyas.extract.estimate import need
+    from eyas.space import Need, free_bytes, require_room
+
+    per_token = plan.bytes_per_token(job.hidden_size, len(job.aux_layers), config.extract.dtype)
+    todo = [s for s in range(len(job.shards)) if storage.read_sidecar(work.hidden_dir, s) is None]
+    tokens = sum(job.lengths[i] for s in todo for i in job.shards[s])
+    if tokens * per_token <= free_bytes(work.hidden_dir):
+        return
+    _, fits = need(config)
+    what = f"extract: {len(todo)} shards of {tokens:,} tokens in {config.extract.dtype}"
+    require_room(work.hidden_dir, [Need(what, tokens * per_token)], fits)
+
+
 def _kept_work(work: RunPaths, shards: int) -> tuple[float, float]:
     """Wall and CPU seconds the shards already done (by a killed or stopped run) cost, by their
     sidecars (one written before CPU time was recorded counts its wall time)."""
@@ -158,6 +174,7 @@ def extract(config: RunConfig, quiet: bool = False, redo: bool = False) -> dict 
     finished = _prepare(paths, work, job, digest(started.marker), redo) if rank == 0 else False
     if rank == 0 and not finished:
         started.carry(*_kept_work(work, len(job.shards)))
+        _require_room(config, work, job)
     _barrier(world)
     if not finished:
         mine = plan.rank_shards(len(job.shards), rank, world)

@@ -142,6 +142,7 @@ def run(config: RunConfig, quiet: bool = False, redo: bool = False) -> None:
     kept = read_marker(paths.marker("generate"))  # records made otherwise took theirs aside
     if kept is not None:
         started.carry(*spent(kept))
+    _require_room(config, paths)
     _reconcile(config, paths)
     for dataset in config.datasets:
         if not dataset.regenerate:
@@ -160,6 +161,17 @@ def run(config: RunConfig, quiet: bool = False, redo: bool = False) -> None:
     # Answers that completed after output_token_target was reached go aside now, not on the next run.
     _reconcile(config, paths)
     started.finish(paths.marker("generate"), config, paths)
+
+
+def _require_room(config: RunConfig, paths: RunPaths) -> None:
+    """Refuse to start records that will not fit (:mod:`eyas.generate.expected`: every answer
+    still to write at ``generate.max_tokens``)."""
+    from eyas.generate.expected import expected
+    from eyas.space import Need, require_room
+
+    need = Need("generate: records still to write", expected(config).record_bytes)
+    fits = ["generate.max_tokens (shorter answers)", "datasets[NAME].max_prompts or output_token_target (fewer)"]
+    require_room(paths.generate_dir, [need], fits)
 
 
 def _reconcile(config: RunConfig, paths: RunPaths) -> None:

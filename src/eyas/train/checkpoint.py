@@ -135,7 +135,9 @@ def save(
         "schedules": schedules,
         "spent": list(spent),
     }
-    torch.save(state, tmp / STATE_FILE)
+    # Through a Python file, so a full disk is the OSError (ENOSPC) it is, not torch's RuntimeError.
+    with (tmp / STATE_FILE).open("wb") as f:
+        torch.save(state, f)
     (tmp / MADE_WITH_FILE).write_text(json.dumps(made, indent=2))
     shutil.rmtree(final, ignore_errors=True)
     replace_dir(tmp, final)

@@ -385,6 +385,24 @@ def measure_tau(trainer: Trainer) -> None:
     trainer.world.barrier()
 
 
+def require_checkpoint_room(trainer: Trainer) -> None:
+    """Refuse a run whose files will not fit: each checkpoint holds the trained weights and
+    AdamW's two moments (fp32), :data:`~eyas.train.checkpoint.KEEP` of them stay and one more is
+    written before the oldest goes, and ``best/`` and ``final/`` hold the weights once each;
+    less what the training directory already holds."""
+    from eyas.space import Need, require_room
+
+    weights = sum(p.numel() * 4 for p in trainer.params)
+    total = weights * (3 * (checkpoint.KEEP + 1) + 2)
+    held = sum(f.stat().st_size for f in trainer.paths.train_dir.rglob("*") if f.is_file())
+    what = f"train: checkpoints, the best and final drafters ({weights / 4:,.0f} trained weights)"
+    require_room(
+        trainer.paths.train_dir,
+        [Need(what, max(0, total - held))],
+        ["a smaller drafter (train.intermediate_size, train.draft_vocab_size)"],
+    )
+
+
 def save_checkpoint(trainer: Trainer) -> None:
     """Every rank takes part (FSDP gathers collectively) and waits until rank 0 has written it."""
     checkpoint.save(
@@ -525,6 +543,8 @@ def train(
         log.info("a finished redo was swapped in: %s", paths.train_final)
         return {"step": None, "total_steps": None, "final": str(paths.train_final), "eval": None}
     trainer = build(config, world, work, started)
+    if world.is_main:
+        require_checkpoint_room(trainer)
     resume(trainer)
     with trainer.metrics:
         result = steps_and_finish(trainer, started, quiet, stop_after)
