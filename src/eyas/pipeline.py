@@ -211,6 +211,8 @@ def next_step(stage: Stage, state: StageState) -> str:
         return "skip"
     if state.extendable:
         return "continue"
+    if state.repairable:
+        return f"redo {len(state.damaged)} damaged unit{'s' if len(state.damaged) > 1 else ''} alone"
     return "redo" if state.status == "stale" else "run"
 
 
@@ -299,7 +301,7 @@ def prepare(
     if state.status == "current":
         log.info("%s: up to date (%s); nothing to do", name, paths.marker(name))
         return False
-    if state.status == "stale" and not (redo or state.extendable):
+    if state.status == "stale" and not (redo or state.extendable or state.repairable):
         raise StageError(
             f"{name}: its outputs were made with other settings or input ({state.why}); run `eyas {name} "
             f"{config_path} --redo` to redo it (the current outputs stay whole until the new ones replace them)"

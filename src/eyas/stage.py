@@ -72,6 +72,9 @@ class StageContract:
     ``eyas status``. Those keys count in the digest, so later stages tell such outputs from
     fresh ones; no config sets them, so the marker expected now takes them from the one on disk
     and a current state says them."""
+    damaged: Callable[[RunConfig, RunPaths], list[str]] | None = None
+    """Committed units (shards) whose bytes are no longer those recorded when they were written,
+    by name: the stage is stale for them alone, and redoes only them (:attr:`StageState.repairable`)."""
     resolved: Callable[[RunConfig], dict] | None = None
     """What the config's ``auto`` settings mean on this machine (``target.dtype: auto`` is
     bfloat16 on a GPU, float32 on a CPU), for stages that run the target: fingerprints keep
@@ -214,6 +217,13 @@ class StageState:
     history: list[str] = field(default_factory=list)
     """For a current stage, how its outputs were reached where a fresh run would have made
     others (:attr:`StageContract.history`)."""
+    damaged: list[str] = field(default_factory=list)
+    """Units whose bytes changed since they were committed (:attr:`StageContract.damaged`)."""
+
+    @property
+    def repairable(self) -> bool:
+        """Stale only by damaged units, which the stage redoes alone (nothing else changed)."""
+        return bool(self.damaged) and len(self.changes) == len(self.damaged)
 
     @property
     def why(self) -> str:
@@ -254,6 +264,12 @@ def check(config: RunConfig, contract: StageContract, paths: RunPaths) -> StageS
     now = expected_marker(config, contract, paths)
     history = take_history(now, on_disk, contract)
     changes = differences(on_disk, now)
+    damaged = contract.damaged(config, paths) if contract.damaged is not None and not changes else []
+    if damaged:
+        said = [
+            f"{unit}: its bytes are not those written (corrupted, or written since); redone alone" for unit in damaged
+        ]
+        return StageState(name, "stale", said, damaged=damaged)
     if not changes:
         elsewhere = _resolved_otherwise(on_disk, resolved_by(config, contract, now["fingerprint"]))
         return StageState(name, "current", history=list(history.values()), elsewhere=elsewhere)

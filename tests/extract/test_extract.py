@@ -153,6 +153,37 @@ def test_rerun_skips_finished_shards_and_redoes_a_missing_one(merged_run):
     assert all(f.stat().st_mtime_ns == before[f] for f in files if f != files[1])
 
 
+def test_a_shard_with_a_flipped_byte_is_named_stale_never_read_and_redone_alone(merged_run):
+    """A shard whose bytes changed after extract wrote it was trained on as it stood."""
+    paths = RunPaths.of(merged_run)
+    first = extract.run(merged_run, quiet=True)
+    files = [paths.hidden_dir / s["file"] for s in first["shards"]]
+    before = {f: f.stat().st_mtime_ns for f in files}
+    data = bytearray(files[1].read_bytes())
+    data[-3] ^= 0x01  # inside the last tensor's values
+    files[1].write_bytes(bytes(data))
+
+    state = check(merged_run, extract.CONTRACT, paths)
+    assert state.status == "stale" and state.damaged == [str(files[1])]
+    assert state.why.startswith(f"{files[1]}: its bytes are not those written")
+    assert (
+        pipeline.next_step(next(s for s in pipeline.STAGES if s.name == "extract"), state)
+        == "redo 1 damaged unit alone"
+    )
+    states = HiddenStates(paths.hidden_dir)
+    with pytest.raises(StageError, match=rf"{files[1].name}: its bytes are not those extract wrote"):
+        states[first["shards"][1]["sample_start"]]
+
+    assert pipeline.prepare(merged_run, "extract"), "a stage's own command repairs without --redo"
+    second = extract.run(merged_run, quiet=True)
+    assert (
+        second["shards"][1]["sha256"] == first["shards"][1]["sha256"]
+        and not paths.root.joinpath("hidden.redo").exists()
+    )
+    assert all(f.stat().st_mtime_ns == before[f] for f in files if f != files[1]), "the others were not rewritten"
+    assert check(merged_run, extract.CONTRACT, paths).status == "current"
+
+
 def test_changed_settings_make_the_states_stale_and_a_redo_replaces_them_whole(merged_run):
     paths = RunPaths.of(merged_run)
     first = extract.run(merged_run, quiet=True)

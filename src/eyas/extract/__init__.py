@@ -58,7 +58,19 @@ def outputs(config: RunConfig, paths) -> list:
     return [paths.hidden_index] + [paths.hidden_dir / s["file"] for s in shards]
 
 
-CONTRACT = StageContract("extract", lambda c: ["merge"], fingerprint, outputs, resolved=resolved_here)
+def damaged(config: RunConfig, paths) -> list[str]:
+    """Shards whose bytes are not those extract recorded (:func:`eyas.extract.storage.damaged`)."""
+    import json
+
+    from eyas.extract import storage
+
+    if not paths.hidden_index.is_file():
+        return []
+    shards = json.loads(paths.hidden_index.read_text())["shards"]
+    return [str(paths.hidden_dir / name) for name in storage.damaged(paths.hidden_dir, shards)]
+
+
+CONTRACT = StageContract("extract", lambda c: ["merge"], fingerprint, outputs, damaged=damaged, resolved=resolved_here)
 
 
 def run(config: RunConfig, quiet: bool = False, redo: bool = False) -> dict | None:

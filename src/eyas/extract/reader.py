@@ -43,6 +43,8 @@ class _Shard:
         self.offsets = self.file.get_tensor("offsets").tolist()
         self.final_scaled = "final_scale" in self.file.keys()
         """An older eyas's fp8 shard: final is e4m3 with a per-token scale too."""
+        self.verified = False
+        """Whether its bytes were checked against index.json, as they are before any state of it is read."""
 
     def rows(self, name: str, lo: int, hi: int) -> torch.Tensor:
         return self.file.get_slice(name)[lo:hi]
@@ -96,6 +98,9 @@ class HiddenStates:
         i %= len(self)
         shard = bisect.bisect_right(self._starts, i) - 1
         f = self._shard(shard)
+        if not f.verified:
+            self._verify(shard)
+            f.verified = True
         local = i - self._starts[shard]
         lo, hi = f.offsets[local], f.offsets[local + 1]
         aux, final = f.rows("aux", lo, hi), f.rows("final", lo, hi)
@@ -110,6 +115,16 @@ class HiddenStates:
             aux=aux,
             final=final,
         )
+
+    def _verify(self, shard: int) -> None:
+        """Refuse a shard whose bytes are not those extract recorded: corrupt states are never trained on."""
+        entry = self.index["shards"][shard]
+        path = self.hidden_dir / entry["file"]
+        if storage.file_sha256(path) != entry["sha256"]:
+            raise StageError(
+                f"{path}: its bytes are not those extract wrote (sha256 differs from {storage.index_path(self.hidden_dir)}: "
+                "corrupted on disk, or written since); `eyas run CONFIG` or `eyas extract CONFIG` redoes this shard alone"
+            )
 
     def verify(self) -> list[str]:
         """Shard files whose checksum differs from index.json (reads every byte)."""

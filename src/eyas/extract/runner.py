@@ -105,6 +105,18 @@ def _prepare(paths: RunPaths, work: RunPaths, job: Job, expected: str, redo: boo
     return False
 
 
+def _discard_damaged(paths: RunPaths, files: list[str]) -> None:
+    """Take out the shards whose bytes changed since they were written, with their sidecars, and
+    the index and marker that vouched for them: the run then completes the set in place,
+    writing those shards alone."""
+    for name in files:
+        log.warning("%s: its bytes are not those extract wrote; redoing this shard", name)
+        Path(name).unlink()
+        Path(name).with_suffix(".json").unlink(missing_ok=True)
+    paths.marker("extract").unlink(missing_ok=True)
+    paths.hidden_index.unlink(missing_ok=True)
+
+
 def _require_room(config: RunConfig, work: RunPaths, job: Job) -> None:
     """Refuse to start shards that will not fit: the shards still to write, at the bytes a token
     of them takes, against the free space (with the settings that store less, by the estimate)."""
@@ -165,8 +177,10 @@ def extract(config: RunConfig, quiet: bool = False, redo: bool = False) -> dict 
     if state.status == "current":
         log.info("hidden states are up to date (%s)", paths.hidden_dir)
         return json.loads(paths.hidden_index.read_text()) if rank == 0 else None
-    # Missing states (none, or shards lost) are completed in place; stale ones are redone aside.
-    work = paths.rebuilding("hidden") if state.status == "stale" else paths
+    if state.repairable and rank == 0:
+        _discard_damaged(paths, state.damaged)
+    # Missing states (none, shards lost or damaged) are completed in place; stale ones are redone aside.
+    work = paths.rebuilding("hidden") if state.status == "stale" and not state.repairable else paths
     job = plan_job(config, paths, started)
     if world > 1 and not dist.is_initialized():
         # A rank may wait long for the slowest one: the barriers must not time out first.
@@ -285,7 +299,8 @@ def _write_index(paths: RunPaths, job: Job) -> dict:
             raise StageError(
                 f"{storage.shard_path(paths.hidden_dir, shard)}: missing after every rank finished; rerun extract"
             )
-    shards = [{k: s[k] for k in ("file", "samples", "tokens", "bytes", "sha256", "sample_start")} for s in sidecars]
+    kept = ("file", "samples", "tokens", "bytes", "sha256", "mtime_ns", "sample_start")
+    shards = [{k: s[k] for k in kept if k in s} for s in sidecars]
     seconds = sum(s["seconds"] for s in sidecars)
     tokens = sum(s["tokens"] for s in shards)
     h = job.hidden_size

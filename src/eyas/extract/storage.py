@@ -138,12 +138,31 @@ def write_shard(directory: Path, shard: int, buffer: ShardBuffer, info: dict, st
         "tokens": buffer.num_tokens,
         "bytes": final_path.stat().st_size,
         "sha256": file_sha256(final_path),
+        # With the size, how a later look tells the file unchanged without reading it (:func:`damaged`).
+        "mtime_ns": final_path.stat().st_mtime_ns,
         **info,
         "seconds": round(time.monotonic() - started[0], 3),
         "cpu_seconds": round(time.process_time() - started[1], 3),
     }
     write_json_atomic(sidecar_path(directory, shard), sidecar)
     return sidecar
+
+
+def damaged(directory: Path, shards: list[dict]) -> list[str]:
+    """The files of ``shards`` (index.json's entries) on disk whose bytes are not those recorded
+    when they were written: another size, or — only where the modification time moved, so an
+    untouched shard is never read — another sha256. (A missing file is another matter: the
+    stage's outputs are incomplete.)"""
+    found = []
+    for shard in shards:
+        path = directory / shard["file"]
+        if not path.is_file():
+            continue
+        st = path.stat()
+        moved = "mtime_ns" in shard and shard["mtime_ns"] != st.st_mtime_ns
+        if st.st_size != shard["bytes"] or (moved and file_sha256(path) != shard["sha256"]):
+            found.append(shard["file"])
+    return found
 
 
 def read_sidecar(directory: Path, shard: int) -> dict | None:
