@@ -58,3 +58,23 @@ def test_a_checkpoint_and_a_drafter_are_fsynced_before_they_are_renamed_into_pla
         lambda d: (d / "stage.json").write_text(json.dumps({"stage": "train"})),
     )
     assert synced_before_named(events, final) == {"config.json", "model.safetensors", "stage.json"}
+
+
+def test_a_damaged_checkpoint_is_passed_over_for_the_one_before(tmp_path, model, caplog):
+    """A checkpoint whose bytes rotted on disk was restored as it stood, and training went on
+    from corrupt weights or optimizer state."""
+    drafter = small_drafter(model).train()
+    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    made = {"made": "with"}
+    first = checkpoint.save(tmp_path, 1, drafter, optimizer, scheduler, True, made, [[0, 2]])
+    second = checkpoint.save(tmp_path, 2, drafter, optimizer, scheduler, True, made, [[0, 2]])
+    assert checkpoint.newest_intact(tmp_path) == second and checkpoint.damaged(first) == []
+
+    state = second / checkpoint.STATE_FILE
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    state.write_bytes(bytes(data))
+    assert checkpoint.damaged(second) == [checkpoint.STATE_FILE]
+    assert checkpoint.newest_intact(tmp_path) == first
+    assert f"{second}: state.pt not what was written" in caplog.text

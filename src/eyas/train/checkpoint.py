@@ -16,6 +16,7 @@ is a plain copy for one process or DDP and an all-gather under FSDP: every rank 
 from __future__ import annotations
 
 import json
+import logging
 import random
 import shutil
 from collections.abc import Callable
@@ -35,10 +36,14 @@ from eyas.drafter.families import save_weights
 from eyas.drafter.layout import WEIGHTS_FILE
 from eyas.drafter.parts import saved_only
 from eyas.files import replace_dir
-from eyas.stage import StageError, differences
+from eyas.stage import StageError, differences, file_digest
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "state.pt"
 MADE_WITH_FILE = "made_with.json"
+DIGESTS_FILE = "digests.json"
+"""In each checkpoint: the sha256 of every other file in it, recorded when it was written."""
 KEEP = 2
 
 
@@ -51,9 +56,40 @@ def step_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def finished(train_dir: Path) -> list[Path]:
+    """The whole checkpoints, oldest first (a ``.tmp`` one was cut short)."""
+    return sorted(p for p in checkpoints_dir(train_dir).glob("step-*") if not p.name.endswith(".tmp"))
+
+
 def latest(train_dir: Path) -> Path | None:
-    done = sorted(p for p in checkpoints_dir(train_dir).glob("step-*") if not p.name.endswith(".tmp"))
+    done = finished(train_dir)
     return done[-1] if done else None
+
+
+def newest_intact(train_dir: Path) -> Path | None:
+    """The newest checkpoint whose files are those it was written with (:data:`DIGESTS_FILE`);
+    a damaged one is named in a warning and passed over, so the run redoes its steps from the
+    one before rather than train on from corrupt weights or optimizer state."""
+    for path in reversed(finished(train_dir)):
+        bad = damaged(path)
+        if not bad:
+            return path
+        log.warning(
+            "%s: %s not what was written (corrupted on disk?); resuming from an earlier checkpoint",
+            path,
+            ", ".join(bad),
+        )
+    return None
+
+
+def damaged(path: Path) -> list[str]:
+    """Files of a checkpoint whose sha256 is not the one recorded when it was written (none for a
+    checkpoint an older eyas wrote without digests)."""
+    file = path / DIGESTS_FILE
+    if not file.is_file():
+        return []
+    recorded = json.loads(file.read_text())
+    return [name for name, sha in recorded.items() if not (path / name).is_file() or file_digest(path / name) != sha]
 
 
 def rng_state() -> dict:
@@ -139,6 +175,8 @@ def save(
     with (tmp / STATE_FILE).open("wb") as f:
         torch.save(state, f)
     (tmp / MADE_WITH_FILE).write_text(json.dumps(made, indent=2))
+    digests = {p.name: file_digest(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+    (tmp / DIGESTS_FILE).write_text(json.dumps(digests, indent=2))
     shutil.rmtree(final, ignore_errors=True)
     replace_dir(tmp, final)
     for old in sorted(checkpoints_dir(train_dir).glob("step-*"))[:-KEEP]:

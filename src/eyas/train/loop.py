@@ -266,7 +266,7 @@ def resume(trainer: Trainer) -> None:
     under its own schedule from there, another part of ``schedules``), and cut the metrics log
     back to its step so the file reads as one run. The log is opened only once the checkpoint is accepted, so a
     refused resume adds no TensorBoard files."""
-    path = checkpoint.latest(trainer.paths.train_dir)
+    path = checkpoint.newest_intact(trainer.paths.train_dir)
     if path is not None:
         trainer.step, schedules, spent = checkpoint.restore(
             path, trainer.drafter, trainer.optimizer, trainer.scheduler, trainer.made_with
