@@ -70,6 +70,19 @@ def test_malformed_rows_are_reported_with_file_line_and_reason(tmp_path, caplog)
     assert f"{path}:2: skipped row: not valid JSON" in caplog.text
 
 
+def test_a_line_that_is_not_utf8_or_is_cut_short_is_a_row_skipped_with_its_line(tmp_path):
+    """A non-UTF-8 byte stopped the run with a traceback naming no line."""
+    path = tmp_path / "a.jsonl"
+    path.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n{"prompt": "cut sh')
+    stats = PromptStats()
+    assert len(list(iter_prompts(dataset(path), stats))) == 1
+    assert stats.skipped == [
+        (f"{path}:2", "not UTF-8 text (byte 0xe9 at column 16)"),
+        (f"{path}:3", stats.skipped[1][1]),
+    ]
+    assert stats.skipped[1][1].startswith("not valid JSON (Unterminated string")
+
+
 def test_a_file_with_no_usable_rows_is_an_error(tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", [{"nothing": 1}, "[1, 2]"])
     with pytest.raises(ConfigError, match=r"no usable prompt rows \(2 read, 2 skipped\)"):

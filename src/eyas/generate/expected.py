@@ -47,7 +47,7 @@ def expected(config: RunConfig) -> Expected:
         answered = {r.id: r for r in read_records(path)}
         mine: list[int] = []
         output = sum(r.usage.completion_tokens for r in answered.values())
-        for prompt in iter_prompts(dataset):
+        for prompt in iter_prompts(dataset, report=False):
             if prompt.record_id in answered:
                 mine.append(_tokens(answered[prompt.record_id]))
                 continue

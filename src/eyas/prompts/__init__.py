@@ -31,8 +31,11 @@ class PromptStats:
     """(location, reason) of every row that was not used."""
 
 
-def iter_prompts(dataset: DatasetConfig, stats: PromptStats | None = None) -> Iterator[PromptRecord]:
-    """Stream the dataset's prompt records; ``stats`` is filled in as rows are read."""
+def iter_prompts(
+    dataset: DatasetConfig, stats: PromptStats | None = None, report: bool = True
+) -> Iterator[PromptRecord]:
+    """Stream the dataset's prompt records; ``stats`` is filled in as rows are read. ``report``:
+    log each skipped row (not for a planning pass over rows the stage itself reads again)."""
     stats = stats if stats is not None else PromptStats()
     seen: set[str] = set()
     for row in iter_rows(dataset):
@@ -46,7 +49,7 @@ def iter_prompts(dataset: DatasetConfig, stats: PromptStats | None = None) -> It
             base_id = _row_id(row.data, messages, tools)
             records = list(_turn_records(dataset, base_id, messages, tools))
         except RowError as e:
-            _skip(stats, row.location, str(e))
+            _skip(stats, row.location, str(e), report)
             continue
         if base_id in seen:
             stats.duplicates += 1
@@ -68,9 +71,9 @@ def load_prompts(dataset: DatasetConfig) -> tuple[list[PromptRecord], PromptStat
     return list(iter_prompts(dataset, stats)), stats
 
 
-def _skip(stats: PromptStats, location: str, reason: str) -> None:
+def _skip(stats: PromptStats, location: str, reason: str, report: bool) -> None:
     stats.skipped.append((location, reason))
-    if len(stats.skipped) <= MAX_SKIPS_LOGGED:
+    if report and len(stats.skipped) <= MAX_SKIPS_LOGGED:
         log.warning("%s: skipped row: %s", location, reason)
 
 

@@ -84,8 +84,17 @@ def _iter_file(path: Path) -> Iterator[RawRow]:
 
 
 def _iter_jsonl(path: Path) -> Iterator[RawRow]:
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    """Each line a row; one that is not UTF-8 text or not JSON (a file cut short ends in one) is
+    a row skipped with its line and the reason, like any other bad row."""
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield RawRow(
+                    f"{path}:{lineno}", None, f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+                )
+                continue
             if not line.strip():
                 continue
             try:
