@@ -242,14 +242,20 @@ def status_table(config: RunConfig, selected: list[Stage] | None = None) -> Tabl
 
 
 def space_line(config: RunConfig) -> str:
-    """The run directory's free space and what ``eyas run`` would write next, as far as it can
-    be told before generating (:func:`space_needs`)."""
+    """The run directory's free space, what ``eyas run`` would write next as far as it can be
+    told before generating (:func:`space_needs`), and the size of eyas's cache against its limit."""
     from eyas.space import free_bytes, human_bytes
 
     needs, _ = space_needs(config, set(STAGE_NAMES))
     parts = ", ".join(f"{n.what} {human_bytes(n.bytes)}" for n in needs if n.bytes) or "nothing it can tell yet"
-    root = RunPaths.of(config).root
-    return f"{root}: {human_bytes(free_bytes(root))} free; `eyas run` would write next: {parts}"
+    from eyas.target import cache_root
+    from eyas.target.cache import LIMIT_ENV, limit_bytes, size
+
+    root, cache = RunPaths.of(config).root, cache_root()
+    return (
+        f"{root}: {human_bytes(free_bytes(root))} free; `eyas run` would write next: {parts}. eyas's cache "
+        f"{cache}: {human_bytes(size(cache))} of at most {human_bytes(limit_bytes())} (${LIMIT_ENV})"
+    )
 
 
 def _stage(name: str) -> Stage:

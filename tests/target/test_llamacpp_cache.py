@@ -126,3 +126,29 @@ def test_a_targets_files_are_read_again_only_when_their_stat_changes(tmp_path, m
     assert source_digest(target) != first, "a new modification time: read again"
     (tmp_path / "cache" / "digests.json").write_text("{torn")
     assert source_digest(target) != first, "a torn cache is rebuilt, never trusted"
+
+
+def test_the_cache_keeps_to_its_limit_by_removing_what_was_used_longest_ago(tmp_path, monkeypatch):
+    """Every drafter trained and target tried left a GGUF file in $EYAS_CACHE, without bound."""
+    import os
+
+    from eyas.target.cache import LIMIT_ENV, size, use
+
+    root = tmp_path / "cache"
+    (root / "gguf").mkdir(parents=True)
+    files = []
+    for i, when in enumerate((100, 300, 200)):
+        f = root / "gguf" / f"draft-{i}.gguf"
+        f.write_bytes(b"x" * 1000)
+        (root / "gguf" / f"draft-{i}.gguf.log").write_text("converted")
+        os.utime(f, (when, when))
+        files.append(f)
+    monkeypatch.setenv(LIMIT_ENV, str(2500 / 1e9))
+    new = root / "gguf" / "draft-new.gguf"
+    new.write_bytes(b"y" * 1000)
+    assert use(new, root) == new
+    # Over 2,500 bytes with four 1,000-byte files (and their logs): the two used longest ago go.
+    assert sorted(p.name for p in (root / "gguf").glob("*.gguf")) == ["draft-1.gguf", "draft-new.gguf"]
+    assert not (root / "gguf" / "draft-0.gguf.log").exists() and size(root) <= 2500
+    use(files[1], root)  # reused: now the newest, and never removed by its own use
+    assert files[1].is_file()

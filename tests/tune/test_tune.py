@@ -4,11 +4,19 @@ a planted difference failing its cell, and measurements never reused by another 
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from eyas.config import load_config
+from tests.conftest import ROOT
 from tests.eval.conftest import overfit  # noqa: F401  (the session's overfit drafter)
 from tests.eval.overfit import engine_eval_config
 
@@ -75,3 +83,51 @@ def test_tune_never_reads_back_what_another_thread_count_measured(overfit, tmp_p
     assert all(key.split(" t=")[1].startswith("1 ") for key in second["cells"])
     log = (tmp_path / "run" / "tune" / "llama-server-plain-t1-np1.log").read_text()
     assert "n_threads = 1" in log
+
+
+def _children(pid: int) -> list[int]:
+    """Every process descended from ``pid`` (from /proc)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        kids = [p for p, pp in parents.items() if pp == parent]
+        found += kids
+        frontier += kids
+    return found
+
+
+def test_a_llama_server_killed_mid_tune_names_its_log_and_the_rerun_keeps_the_recorded_rounds(overfit, tmp_path):  # noqa: F811
+    """Only a SIGKILL of eyas itself was tested: an engine child dying mid-stage must stop the stage
+    with its log named, and the rounds measured before it must survive for the rerun."""
+    _config(tmp_path, overfit[3], 2)  # writes run.yaml
+    lean = {"in_flight": [], "max_draft_tokens": 1, "p_min": [0.0], "max_prompts": 1, "min_rounds": 3, "max_rounds": 3}
+    data = yaml.safe_load((tmp_path / "run.yaml").read_text())
+    data["tune"] |= lean
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "400"}
+    command = [sys.executable, "-m", "eyas", "tune", str(tmp_path / "run.yaml"), "-q"]
+    proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tune_dir = tmp_path / "run" / "tune"
+    rounds = lambda: [line for f in tune_dir.glob("rounds-*.jsonl") for line in f.read_text().splitlines()]  # noqa: E731
+    killed = None
+    while killed is None and proc.poll() is None:
+        servers = [p for p in _children(proc.pid) if b"llama-server" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        if rounds() and servers:
+            killed = servers[0]
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.01)
+    said = " ".join(proc.communicate(timeout=600)[0].split())
+    assert killed is not None, "the kill must land while a later round runs"
+    assert proc.returncode == 1 and re.search(r"llama-server \S+ .*last lines of \S+llama-server-\S+\.log", said), said
+    recorded = rounds()
+    assert recorded, "the rounds measured before the kill survive"
+
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert rounds()[: len(recorded)] == recorded, "the rerun replays them and measures only what was lost"

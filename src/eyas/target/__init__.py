@@ -126,9 +126,11 @@ def _converted_gguf(gguf: Path) -> Path:
     Written to a temporary directory and renamed when complete, so an interrupted
     conversion (or several ranks converting at once) never leaves a half-written model.
     """
+    from eyas.target.cache import use
+
     out = cache_root() / "targets" / f"{gguf.stem}-{_file_digest(gguf)}-v{CONVERSION_VERSION}"
     if (out / "config.json").is_file():
-        return out
+        return use(out, cache_root())
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     log.info("converting %s to safetensors under %s (once; later loads are fast)", gguf.name, out)
@@ -153,7 +155,7 @@ def _converted_gguf(gguf: Path) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    return use(out, cache_root())
 
 
 def _restore_pre_tokenizer(tokenizer, gguf: Path) -> None:

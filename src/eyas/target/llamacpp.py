@@ -36,6 +36,7 @@ from eyas.config import ConfigError, TargetConfig
 from eyas.files import write_json_atomic
 from eyas.records import content_hash
 from eyas.stage import file_digest
+from eyas.target.cache import use
 from eyas.target.children import log_tail, start_child, stop_group
 
 ENV_LLAMACPP = "EYAS_LLAMACPP"
@@ -294,6 +295,7 @@ def target_ggufs(target: TargetConfig, llamacpp: LlamaCpp, outtype: str) -> Targ
     converted = cache_root() / "gguf" / f"{name}-{key[:16]}-{outtype}.gguf"
     if not converted.is_file():
         convert(llamacpp, hf_dir, converted, outtype)
+    use(converted, cache_root())
     if target.model == EMBEDDED_TARGET:
         shipped = embedded_gguf()
     else:
@@ -318,4 +320,4 @@ def draft_gguf(llamacpp: LlamaCpp, drafter_dir: Path, target: TargetGgufs) -> Pa
     converted = cache_root() / "gguf" / f"draft-{key[:16]}-{target.outtype}.gguf"
     if not converted.is_file():
         convert(llamacpp, drafter_dir, converted, target.outtype, target_dir=target.hf_dir)
-    return converted
+    return use(converted, cache_root())
