@@ -204,7 +204,7 @@ class DFlashDrafter(DrafterWeights, nn.Module):
 
     def blocks(self, features: Tensor, input_ids: Tensor, anchors: Tensor) -> Tensor:
         """Training: draft logits [B,N,block_size−1,V]; block position k ≥ 1 predicts the token at a+k."""
-        return self.target_head(self.block_hidden(features, input_ids, anchors)[:, :, 1:])
+        return project(self.target_head, self.block_hidden(features, input_ids, anchors)[:, :, 1:])
 
     def forward(self, features: Tensor, input_ids: Tensor, anchors: Tensor) -> Tensor:
         """:meth:`blocks` (what DDP wraps)."""
@@ -302,6 +302,15 @@ class BlockObjective:
         loss = soft_cross_entropy(target_logits, logits)
         hits = (logits.argmax(-1) == target_logits.argmax(-1)) & answer
         return block_stats(loss, answer, hits, answer)
+
+
+def project(head: nn.Linear, hidden: Tensor) -> Tensor:
+    """``head(hidden)`` for ``hidden`` [..., H] as one 2-D matrix product. ``nn.Linear`` on a strided
+    N-D slice (a block's positions after the first) runs a batched kernel that is about 12× slower
+    on a CPU, forward and backward (2.0 s against 0.17 s for 192 positions × 49,152 ids), and the
+    head over the full vocabulary is most of a block family's step."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    return head(flat).view(*hidden.shape[:-1], -1)
 
 
 def soft_cross_entropy(target_logits: Tensor, logits: Tensor) -> Tensor:

@@ -53,6 +53,7 @@ from eyas.drafter.families.dflash import (
     block_tokens,
     dflash_config,
     dflash_spec,
+    project,
     sample_anchors,
     soft_cross_entropy,
 )
@@ -165,7 +166,7 @@ class DFlash2Drafter(DFlashDrafter):
         tokens) after the true token before it, the targets' indices among them, and whether
         serving would have had them."""
         hidden = self.block_hidden(features, input_ids, anchors)[:, :, 1:]
-        logits = self.target_head(hidden)
+        logits = project(self.target_head, hidden)
         prev = block_tokens(input_ids, anchors, hidden.shape[2])
         candidates, label, served = training_candidates(logits, targets, self.spec.selector_top_k)
         return logits, self.candidate_selector(logits, hidden, prev, candidates), label, served

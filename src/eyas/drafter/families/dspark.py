@@ -49,6 +49,7 @@ from eyas.drafter.families.dflash import (
     decay_weights,
     dflash_config,
     dflash_spec,
+    project,
     sample_anchors,
 )
 from eyas.drafter.family import Training, TrainingInputs
@@ -123,7 +124,7 @@ class DSparkDrafter(DFlashDrafter):
         (target ids): what training and drafting both compute."""
         head = self.lm_head if self.spec.reduced else self.target_head
         markov = self.markov_head.markov_w1(prev_ids)
-        logits = head(hidden) + self.markov_head.markov_w2(markov)
+        logits = project(head, hidden) + self.markov_head.markov_w2(markov)
         if not self.spec.confidence_head:
             return logits, None
         return logits, self.confidence_head.proj(torch.cat([hidden, markov], dim=-1)).squeeze(-1)
