@@ -361,8 +361,9 @@ def space_needs(config: RunConfig, names: set[str]) -> tuple[list, list[str]]:
 
 def held_bytes(paths: RunPaths, stage: str) -> int:
     """The bytes a stage's directory holds (training's: its checkpoints and drafters)."""
-    where = paths.train_dir if stage == "train" else paths.marker(stage).parent
-    return sum(f.stat().st_size for f in where.rglob("*") if f.is_file()) if where.is_dir() else 0
+    from eyas.space import tree_bytes
+
+    return tree_bytes(paths.train_dir if stage == "train" else paths.marker(stage).parent)
 
 
 def select(first: str | None = None, last: str | None = None) -> list[Stage]:

@@ -49,6 +49,13 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} PB"
 
 
+def tree_bytes(path: Path) -> int:
+    """Bytes a file, or every file under a directory, holds (0 for nothing there)."""
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size if path.is_file() else 0
+
+
 def free_bytes(path: Path) -> int:
     """Free bytes on the disk that holds ``path`` (or would: its nearest existing parent)."""
     path = Path(path).absolute()

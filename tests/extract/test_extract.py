@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 import torch
@@ -159,6 +160,11 @@ def test_a_shard_with_a_flipped_byte_is_named_stale_never_read_and_redone_alone(
     first = extract.run(merged_run, quiet=True)
     files = [paths.hidden_dir / s["file"] for s in first["shards"]]
     before = {f: f.stat().st_mtime_ns for f in files}
+    os.utime(files[0], ns=(before[files[0]] + 5, before[files[0]] + 5))  # copied without its times
+    assert check(merged_run, extract.CONTRACT, paths).status == "current", "a moved time alone is no damage"
+    index = json.loads(paths.hidden_index.read_text())
+    assert index["shards"][0]["mtime_ns"] == before[files[0]] + 5, "its new time recorded: read once, not every check"
+    before[files[0]] += 5
     data = bytearray(files[1].read_bytes())
     data[-3] ^= 0x01  # inside the last tensor's values
     files[1].write_bytes(bytes(data))

@@ -60,14 +60,11 @@ def outputs(config: RunConfig, paths) -> list:
 
 def damaged(config: RunConfig, paths) -> list[str]:
     """Shards whose bytes are not those extract recorded (:func:`eyas.extract.storage.damaged`)."""
-    import json
-
     from eyas.extract import storage
 
     if not paths.hidden_index.is_file():
         return []
-    shards = json.loads(paths.hidden_index.read_text())["shards"]
-    return [str(paths.hidden_dir / name) for name in storage.damaged(paths.hidden_dir, shards)]
+    return [str(paths.hidden_dir / name) for name in storage.damaged(paths.hidden_dir)]
 
 
 CONTRACT = StageContract("extract", lambda c: ["merge"], fingerprint, outputs, damaged=damaged, resolved=resolved_here)

@@ -117,14 +117,15 @@ def _discard_damaged(paths: RunPaths, files: list[str]) -> None:
     paths.hidden_index.unlink(missing_ok=True)
 
 
-def _require_room(config: RunConfig, work: RunPaths, job: Job) -> None:
-    """Refuse to start shards that will not fit: the shards still to write, at the bytes a token
-    of them takes, against the free space (with the settings that store less, by the estimate)."""
+def _require_room(config: RunConfig, work: RunPaths, job: Job, sidecars: list[dict | None]) -> None:
+    """Refuse to start shards that will not fit: the shards still to write (those without a
+    sidecar), at the bytes a token of them takes, against the free space (with the settings that
+    store less, by the estimate)."""
     from eyas.extract.estimate import need
     from eyas.space import Need, free_bytes, require_room
 
     per_token = plan.bytes_per_token(job.hidden_size, len(job.aux_layers), config.extract.dtype)
-    todo = [s for s in range(len(job.shards)) if storage.read_sidecar(work.hidden_dir, s) is None]
+    todo = [shard for shard, sidecar in enumerate(sidecars) if sidecar is None]
     tokens = sum(job.lengths[i] for s in todo for i in job.shards[s])
     if tokens * per_token <= free_bytes(work.hidden_dir):
         return
@@ -133,10 +134,10 @@ def _require_room(config: RunConfig, work: RunPaths, job: Job) -> None:
     require_room(work.hidden_dir, [Need(what, tokens * per_token)], fits)
 
 
-def _kept_work(work: RunPaths, shards: int) -> tuple[float, float]:
+def _kept_work(sidecars: list[dict | None]) -> tuple[float, float]:
     """Wall and CPU seconds the shards already done (by a killed or stopped run) cost, by their
     sidecars (one written before CPU time was recorded counts its wall time)."""
-    done = [s for s in (storage.read_sidecar(work.hidden_dir, shard) for shard in range(shards)) if s is not None]
+    done = [s for s in sidecars if s is not None]
     return sum(s["seconds"] for s in done), sum(s.get("cpu_seconds", s["seconds"]) for s in done)
 
 
@@ -187,8 +188,9 @@ def extract(config: RunConfig, quiet: bool = False, redo: bool = False) -> dict 
         dist.init_process_group("gloo", timeout=timedelta(days=7))
     finished = _prepare(paths, work, job, digest(started.marker), redo) if rank == 0 else False
     if rank == 0 and not finished:
-        started.carry(*_kept_work(work, len(job.shards)))
-        _require_room(config, work, job)
+        sidecars = [storage.read_sidecar(work.hidden_dir, shard) for shard in range(len(job.shards))]
+        started.carry(*_kept_work(sidecars))
+        _require_room(config, work, job, sidecars)
     _barrier(world)
     if not finished:
         mine = plan.rank_shards(len(job.shards), rank, world)

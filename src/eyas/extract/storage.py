@@ -148,20 +148,28 @@ def write_shard(directory: Path, shard: int, buffer: ShardBuffer, info: dict, st
     return sidecar
 
 
-def damaged(directory: Path, shards: list[dict]) -> list[str]:
-    """The files of ``shards`` (index.json's entries) on disk whose bytes are not those recorded
-    when they were written: another size, or — only where the modification time moved, so an
-    untouched shard is never read — another sha256. (A missing file is another matter: the
-    stage's outputs are incomplete.)"""
-    found = []
-    for shard in shards:
+def damaged(directory: Path) -> list[str]:
+    """The files index.json lists whose bytes are not those recorded when they were written:
+    another size, or — only where the modification time moved, so an untouched shard is never
+    read — another sha256. A shard read that way and found unchanged (copied without its times)
+    gets its new time recorded in index.json, as git refreshes its index, so it is read once, not
+    on every check. (A missing file is another matter: the stage's outputs are incomplete.)"""
+    index = json.loads(index_path(directory).read_text())
+    found, refreshed = [], False
+    for shard in index["shards"]:
         path = directory / shard["file"]
         if not path.is_file():
             continue
         st = path.stat()
-        moved = "mtime_ns" in shard and shard["mtime_ns"] != st.st_mtime_ns
-        if st.st_size != shard["bytes"] or (moved and file_sha256(path) != shard["sha256"]):
+        if st.st_size != shard["bytes"]:
             found.append(shard["file"])
+        elif "mtime_ns" in shard and shard["mtime_ns"] != st.st_mtime_ns:
+            if file_sha256(path) != shard["sha256"]:
+                found.append(shard["file"])
+            else:
+                shard["mtime_ns"], refreshed = st.st_mtime_ns, True
+    if refreshed:
+        write_json_atomic(index_path(directory), index)
     return found
 
 

@@ -14,6 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
+from eyas.space import tree_bytes
+
 log = logging.getLogger(__name__)
 
 LIMIT_ENV = "EYAS_CACHE_MAX_GB"
@@ -32,12 +34,6 @@ def limit_bytes() -> int:
         raise ConfigError(f"${LIMIT_ENV}: {raw!r} is not a number of gigabytes") from None
 
 
-def _size(path: Path) -> int:
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return path.stat().st_size if path.exists() else 0
-
-
 def entries(root: Path) -> list[Path]:
     """Every entry (a converted target's directory, a GGUF file with its converter log beside it
     counted with it), least recently used first; files being written (``.tmp``) are not entries."""
@@ -53,7 +49,7 @@ def entries(root: Path) -> list[Path]:
 
 def size(root: Path) -> int:
     """Bytes the cache's entries hold."""
-    return sum(_size(p) for kind in KINDS if (root / kind).is_dir() for p in (root / kind).iterdir())
+    return sum(tree_bytes(p) for kind in KINDS if (root / kind).is_dir() for p in (root / kind).iterdir())
 
 
 def use(entry: Path, root: Path) -> Path:
@@ -66,7 +62,7 @@ def use(entry: Path, root: Path) -> Path:
             break
         if old == entry:
             continue
-        freed = _size(old) + _size(old.with_name(old.name + ".log"))
+        freed = tree_bytes(old) + tree_bytes(old.with_name(old.name + ".log"))
         log.info("cache over %.1f GB ($%s): removing %s, used longest ago", limit / 1e9, LIMIT_ENV, old)
         if old.is_dir():
             shutil.rmtree(old, ignore_errors=True)

@@ -390,11 +390,11 @@ def require_checkpoint_room(trainer: Trainer) -> None:
     AdamW's two moments (fp32), :data:`~eyas.train.checkpoint.KEEP` of them stay and one more is
     written before the oldest goes, and ``best/`` and ``final/`` hold the weights once each;
     less what the training directory already holds."""
-    from eyas.space import Need, require_room
+    from eyas.space import Need, require_room, tree_bytes
 
     weights = sum(p.numel() * 4 for p in trainer.params)
     total = weights * (3 * (checkpoint.KEEP + 1) + 2)
-    held = sum(f.stat().st_size for f in trainer.paths.train_dir.rglob("*") if f.is_file())
+    held = tree_bytes(trainer.paths.train_dir)
     what = f"train: checkpoints, the best and final drafters ({weights / 4:,.0f} trained weights)"
     require_room(
         trainer.paths.train_dir,
