@@ -6,6 +6,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def kill_at_each(command: list[str], points: list[Callable[[], bool]], outputs: Callable[[], object], old, **popen):
@@ -23,3 +24,36 @@ def kill_at_each(command: list[str], points: list[Callable[[], bool]], outputs: 
         if seen[-1] == "new":
             break
     return seen
+
+
+def processes() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group) of every process, from /proc; a process that ends while
+    it is read is left out."""
+    table = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            table[int(stat.parent.name)] = (int(fields[1]), int(fields[2]))
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process descended from ``pid``."""
+    table = processes()
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        kids = [p for p, (pp, _) in table.items() if pp == parent]
+        found += kids
+        frontier += kids
+    return found
+
+
+def command_line(pid: int) -> bytes:
+    """The process's command line, or b"" once it has ended (it may end between listing and reading)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

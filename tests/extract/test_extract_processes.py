@@ -16,7 +16,7 @@ from eyas.extract.reader import HiddenStates
 from eyas.merge.reader import iter_split
 from eyas.paths import RunPaths
 from eyas.stage import digest, read_marker
-from tests.kills import kill_at_each
+from tests.kills import kill_at_each, processes
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -31,18 +31,6 @@ def write_config(merged_run, path: Path, **extract) -> Path:
 
 def env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def processes() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, process group) of every process, from /proc."""
-    table = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        table[int(stat.parent.name)] = (int(fields[1]), int(fields[2]))
-    return table
 
 
 def kill_after_first_shard(config: Path, hidden: Path, orphans: list[int] | None = None) -> dict[Path, int]:

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import yaml
@@ -19,6 +18,7 @@ from eyas.config import load_config
 from tests.conftest import ROOT
 from tests.eval.conftest import overfit  # noqa: F401  (the session's overfit drafter)
 from tests.eval.overfit import engine_eval_config
+from tests.kills import command_line, descendants
 
 pytestmark = pytest.mark.slow
 
@@ -85,23 +85,6 @@ def test_tune_never_reads_back_what_another_thread_count_measured(overfit, tmp_p
     assert "n_threads = 1" in log
 
 
-def _children(pid: int) -> list[int]:
-    """Every process descended from ``pid`` (from /proc)."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        kids = [p for p, pp in parents.items() if pp == parent]
-        found += kids
-        frontier += kids
-    return found
-
-
 def test_a_llama_server_killed_mid_tune_names_its_log_and_the_rerun_keeps_the_recorded_rounds(overfit, tmp_path):  # noqa: F811
     """Only a SIGKILL of eyas itself was tested: an engine child dying mid-stage must stop the stage
     with its log named, and the rounds measured before it must survive for the rerun."""
@@ -117,7 +100,7 @@ def test_a_llama_server_killed_mid_tune_names_its_log_and_the_rerun_keeps_the_re
     rounds = lambda: [line for f in tune_dir.glob("rounds-*.jsonl") for line in f.read_text().splitlines()]  # noqa: E731
     killed = None
     while killed is None and proc.poll() is None:
-        servers = [p for p in _children(proc.pid) if b"llama-server" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        servers = [p for p in descendants(proc.pid) if b"llama-server" in command_line(p)]
         if rounds() and servers:
             killed = servers[0]
             os.kill(killed, signal.SIGKILL)
