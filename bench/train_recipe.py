@@ -123,7 +123,14 @@ def train_variant(base_config, run_dir: Path, settings: dict) -> dict:
     wall, cpu = time.monotonic() - started, time.process_time() - cpu_started
     taus = read_metrics(RunPaths.of(config).train_metrics, "tau")
     best = max(taus, key=lambda r: (r["tau"], -r["step"]))
-    return {"best": best["tau"], "best_step": best["step"], "last": taus[-1]["tau"], "wall": wall, "cpu": cpu}
+    return {
+        "best": best["tau"],
+        "best_step": best["step"],
+        "last": taus[-1]["tau"],
+        "per_prompt": best.get("per_prompt"),
+        "wall": wall,
+        "cpu": cpu,
+    }
 
 
 def doc_conversations() -> list[dict]:

@@ -32,6 +32,8 @@ class Section(BaseModel):
 
 EMBEDDED_TARGET = "embedded"
 DrafterFamily = Literal["eagle3", "dflash", "dspark", "dflash2"]
+LossName = Literal["kl_div", "rkl", "jsd", "tv", "nla", "lk_hybrid", "ce"]
+"""The divergences a drafter trains on (:mod:`eyas.drafter.criteria`)."""
 
 
 class TargetConfig(Section):
@@ -390,6 +392,11 @@ class Eagle3Config(Section):
     """Feed the layer's post-norm state, not its pre-norm one, to the next drafting step (and to `lm_head` without a second norm), so the state's magnitude does not drift across steps. vLLM reads it; the pinned llama.cpp does not (it feeds the pre-norm state back), so a GGUF export of such a drafter is refused."""
 
 
+RECIPE_BEFORE: dict[str, Any] = {"loss": "kl_div", "position_weighting": "geometric", "optimizer": "adamw"}
+"""What every drafter was trained with before ``train.loss``, ``position_weighting`` and
+``optimizer`` existed."""
+
+
 class TrainConfig(Section):
     drafter: DrafterFamily | list[DrafterFamily] = "eagle3"
     """Drafter family: `eagle3` (one layer, chain drafting with training-time test), `dflash` (a block of drafts per pass, see `train.dflash`) `dspark` (DFlash's block plus a Markov head and a confidence head, see `train.dspark`) or `dflash2` (DFlash's block plus convolutions inside the block and a candidate selector, see `train.dflash2`). The block families read the layers `extract.aux_layers` names (any number) as its context features, so every family trains from the same extracted states. A list (`[eagle3, dflash, dspark, dflash2]`) trains, exports and evaluates each from the one corpus and extraction, in `<run_dir>/<family>/`, and eval ends by saying which decodes faster (`<run_dir>/families.json`)."""
@@ -422,6 +429,18 @@ class TrainConfig(Section):
     """Gradient norm clip."""
     step_weight: float = Field(default=0.8, gt=0.0, le=1.0)
     """Loss weight decay per TTT step (weight of step k is step_weight**k)."""
+    loss: LossName | dict[LossName, float] = "kl_div"
+    """What each drafted position is trained to minimise between the target's distribution p and the drafter's q: `kl_div` (forward KL), `rkl` (reverse KL), `jsd` (Jensen-Shannon), `tv` (total variation, 1 − Σ min(p, q): one minus the acceptance rate), `nla` (−log of that acceptance rate), `lk_hybrid` (the LK loss: KL and TV blended by the acceptance rate), `ce` (cross-entropy on the target's greedy token, what greedy verification accepts); or a weighted sum, `{ce: 0.1, tv: 0.9}`. DFlash2's selector keeps its own cross-entropy beside it; DSpark's confidence head its own target."""
+    lk_eta: float = Field(default=3.0, gt=0.0)
+    """`lk_hybrid`: the blend is exp(−η·α)·KL + (1 − exp(−η·α))·TV for acceptance rate α (the LK paper's η = 3)."""
+    position_weighting: Literal["geometric", "dpace"] = "geometric"
+    """How drafted positions weigh in the loss: `geometric`, each family's fixed decay (`step_weight`, `train.<family>.decay`); `dpace`, D-PACE: position k weighs what it adds to the expected acceptance length, from the drafter's own confidence in the target's token at k and before it, recomputed every step."""
+    dpace_alpha: float = Field(default=0.5, gt=0.0, le=1.0)
+    """`dpace`: confidence smoothing, (1 − α)·q + α (the anchors' 0.5)."""
+    optimizer: Literal["adamw", "muon"] = "adamw"
+    """`muon`: torch's Muon on the drafter's weight matrices, AdamW (at `lr`) on its norms, biases and vectors."""
+    muon_lr: float | None = Field(default=None, gt=0.0)
+    """`muon`: Muon's peak learning rate; default 10 × the AdamW rate (speculators' default), its update scaled to AdamW's RMS."""
     epochs: float = Field(default=1.0, gt=0.0)
     """Passes over the training split."""
     max_steps: int | None = Field(default=None, ge=1)
@@ -450,6 +469,43 @@ class TrainConfig(Section):
     """Initialisation and data-order seed."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Under torchrun: `ddp` replicates the drafter on every rank; `fsdp` shards its weights, gradients and optimizer state (FSDP2)."""
+
+    @property
+    def loss_terms(self) -> dict[str, float]:
+        """``train.loss`` as ``{name: weight}``."""
+        return {self.loss: 1.0} if isinstance(self.loss, str) else dict(self.loss)
+
+    def unused_recipe_keys(self) -> set[str]:
+        """Recipe keys that do not change what is trained: a setting of a loss, weighting or
+        optimizer not chosen, and a key at the value every run had before the key existed (so a
+        drafter trained then stays current)."""
+        unused = {key for key, before in RECIPE_BEFORE.items() if getattr(self, key) == before}
+        if "lk_hybrid" not in self.loss_terms:
+            unused.add("lk_eta")
+        if self.position_weighting != "dpace":
+            unused.add("dpace_alpha")
+        if self.optimizer != "muon":
+            unused.add("muon_lr")
+        return unused
+
+    @field_validator("loss", mode="before")
+    @classmethod
+    def _loss_named_once(cls, loss: Any) -> Any:
+        """One message for every wrong shape (not pydantic's one per union member)."""
+        known = get_args(LossName)
+        terms = loss if isinstance(loss, dict) else {loss: 1.0}
+        weights = list(terms.values())
+        if (
+            not terms
+            or not all(isinstance(name, str) and name in known for name in terms)
+            or not all(isinstance(w, int | float) and not isinstance(w, bool) and w >= 0 for w in weights)
+            or not sum(weights)
+        ):
+            raise ValueError(
+                f"one of {', '.join(known)}, or a weighted sum of them ({{ce: 0.1, tv: 0.9}}: weights ≥ 0, "
+                f"not all 0); got {loss!r}"
+            )
+        return loss if isinstance(loss, str) else {name: float(w) for name, w in loss.items()}
 
     @property
     def families(self) -> list[str]:

@@ -6,9 +6,9 @@ import json
 import os
 from pathlib import Path
 
-import torch
-
+from eyas.config import TrainConfig
 from eyas.train import checkpoint
+from eyas.train.optimizer import build_optimizers
 from tests.train.helpers import small_drafter
 
 
@@ -42,11 +42,10 @@ def test_a_checkpoint_and_a_drafter_are_fsynced_before_they_are_renamed_into_pla
     """Checkpoints and ``train/final`` were renamed into place unsynced: after a power cut a
     complete-looking ``step-N`` could hold weights that never reached the disk."""
     drafter = small_drafter(model).train()
-    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-3)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    optimizers = build_optimizers(drafter, TrainConfig(lr=1e-3), 1e-3, total=2)
     events = record_disk_writes(monkeypatch)
 
-    saved = checkpoint.save(tmp_path, 1, drafter, optimizer, scheduler, True, {"made": "with"}, [[0, 1]])
+    saved = checkpoint.save(tmp_path, 1, drafter, optimizers, True, {"made": "with"}, [[0, 1]])
     assert synced_before_named(events, saved) == {p.name for p in saved.iterdir()}
     assert ("fsync", str(saved.parent.resolve())) in events[events.index(("rename", str(saved.resolve()))) :]
 
@@ -64,11 +63,10 @@ def test_a_damaged_checkpoint_is_passed_over_for_the_one_before(tmp_path, model,
     """A checkpoint whose bytes rotted on disk was restored as it stood, and training went on
     from corrupt weights or optimizer state."""
     drafter = small_drafter(model).train()
-    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-3)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    optimizers = build_optimizers(drafter, TrainConfig(lr=1e-3), 1e-3, total=2)
     made = {"made": "with"}
-    first = checkpoint.save(tmp_path, 1, drafter, optimizer, scheduler, True, made, [[0, 2]])
-    second = checkpoint.save(tmp_path, 2, drafter, optimizer, scheduler, True, made, [[0, 2]])
+    first = checkpoint.save(tmp_path, 1, drafter, optimizers, True, made, [[0, 2]])
+    second = checkpoint.save(tmp_path, 2, drafter, optimizers, True, made, [[0, 2]])
     assert checkpoint.newest_intact(tmp_path) == second and checkpoint.damaged(first) == []
 
     state = second / checkpoint.STATE_FILE

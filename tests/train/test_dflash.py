@@ -22,7 +22,7 @@ from eyas.train.metrics import read_metrics
 from tests.train.conftest import copy_run, load_tiny
 
 
-def _random_dflash(model, layers: int = 2, block_size: int = 4) -> DFlashDrafter:
+def random_dflash(model, layers: int = 2, block_size: int = 4) -> DFlashDrafter:
     torch.manual_seed(0)
     train = TrainConfig(intermediate_size=128, dflash={"layers": layers, "block_size": block_size})
     base = spec_for_target(model.config, train, default_aux_layers(num_decoder_layers(model)), model.config.vocab_size)
@@ -37,7 +37,7 @@ def _random_dflash(model, layers: int = 2, block_size: int = 4) -> DFlashDrafter
 
 
 def test_a_training_block_is_the_block_drafting_runs(model, tokenizer):
-    drafter = _random_dflash(model)
+    drafter = random_dflash(model)
     ids = torch.tensor(
         [tokenizer("Speculative decoding drafts tokens that the target then checks in one pass.")["input_ids"]]
     )
@@ -67,7 +67,7 @@ def test_anchors_fall_where_the_next_token_is_an_answer():
 
 
 def test_the_dflash_layout_is_what_the_engines_read(model, tmp_path):
-    drafter = _random_dflash(model, layers=2, block_size=5)
+    drafter = random_dflash(model, layers=2, block_size=5)
     save_drafter(drafter, tmp_path)
     config = (tmp_path / CONFIG_FILE).read_text()
     assert '"DFlashDraftModel"' in config and '"target_layer_ids": [\n      1,\n      14,\n      26' in config

@@ -97,3 +97,26 @@ def test_a_continued_drafter_is_adopted_when_the_run_gains_a_family(tmp_path):
     write_json_atomic(marker_path, continued)
     eagle3 = load_tiny(tmp_path, drafter=["eagle3", "dflash"]).drafter_views()[0]
     assert pipeline.adoptable(eagle3) == tmp_path / "train"
+
+
+def test_a_drafter_trained_before_the_recipe_keys_existed_stays_current_until_one_changes(tmp_path):
+    """``train.loss``, ``position_weighting`` and ``optimizer`` at what every earlier run trained
+    with are left out of the marker, so adding them retrained nothing; a change names the key,
+    and a setting of a loss, weighting or optimizer not chosen never counts."""
+    finished(tmp_path)
+    marker = read_marker(RunPaths.of(load_tiny(tmp_path)).marker("train"))
+    assert not {"train.loss", "train.optimizer", "train.position_weighting"} & set(marker["fingerprint"])
+    assert status(tmp_path, lk_eta=5.0, dpace_alpha=0.2, muon_lr=0.01).status == "current"
+    assert status(tmp_path, loss={"ce": 0.1, "tv": 0.9}).changes == [
+        "train.loss.ce: (default) → 0.1",
+        "train.loss.tv: (default) → 0.9",
+    ]
+    changed = status(tmp_path, loss="lk_hybrid", position_weighting="dpace", optimizer="muon")
+    assert changed.changes == [
+        "train.dpace_alpha: (default) → 0.5",
+        "train.lk_eta: (default) → 3.0",
+        'train.loss: (default) → "lk_hybrid"',
+        "train.muon_lr: (default) → null",
+        'train.optimizer: (default) → "muon"',
+        'train.position_weighting: (default) → "dpace"',
+    ]

@@ -44,8 +44,16 @@ def test_loss_goes_down_with_default_drafter_sizes(merged_run, model):
 
 @pytest.mark.slow
 def test_resumed_run_in_fresh_process_continues_bit_for_bit(merged_run, tmp_path):
+    """With Muon beside AdamW (two optimizers, two schedules), an LK loss in a mix and D-PACE's weights."""
     other = copy_run(merged_run, tmp_path / "resumed")
-    settings = {"max_steps": 4, "epochs": 10.0, "checkpoint_every": 2}
+    settings = {
+        "max_steps": 4,
+        "epochs": 10.0,
+        "checkpoint_every": 2,
+        "loss": {"lk_hybrid": 1.0, "ce": 0.1},
+        "position_weighting": "dpace",
+        "optimizer": "muon",
+    }
     eyas.train.run(load_tiny(merged_run, **settings), quiet=True)
     straight = read_metrics(merged_run / "train" / "metrics.jsonl")
 

@@ -13,16 +13,20 @@ count: the gradient is then the same as one process on the whole batch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from eyas.drafter.criteria import Criterion
+
 
 @dataclass
 class Targets:
-    probs: torch.Tensor
-    """[B,T,V_draft] float32: the target's softmax restricted to the draft vocabulary, renormalised."""
+    logp: torch.Tensor
+    """[B,T,V_draft] float32: the target's log-softmax restricted to the draft vocabulary,
+    renormalised (uniform at positions no step uses, so every divergence stays finite there)."""
     argmax: torch.Tensor
     """[B,T] target ids: the target's greedy token at each position."""
     in_vocab: torch.Tensor
@@ -41,7 +45,7 @@ def target_distribution(
     """Target outputs at the positions marked ``needed`` only (the full-vocabulary product
     is the costliest part of a CPU step, and prompt positions never carry loss)."""
     b, t, _ = final.shape
-    probs = torch.zeros(b, t, used.shape[0], device=final.device)
+    logp = torch.full((b, t, used.shape[0]), -math.log(used.shape[0]), device=final.device)
     argmax = torch.zeros(b, t, dtype=torch.long, device=final.device)
     where = needed.nonzero(as_tuple=True)
     rows = final[where].to(lm_head.dtype)
@@ -49,8 +53,8 @@ def target_distribution(
         chunk = (rows[start : start + rows_per_chunk] @ lm_head.T).float()
         index = tuple(w[start : start + rows_per_chunk] for w in where)
         argmax[index] = chunk.argmax(-1)
-        probs[index] = torch.softmax(chunk[:, used], dim=-1)
-    return Targets(probs=probs, argmax=argmax, in_vocab=t2d[argmax])
+        logp[index] = torch.log_softmax(chunk[:, used], dim=-1)
+    return Targets(logp=logp, argmax=argmax, in_vocab=t2d[argmax])
 
 
 def needed_positions(loss_mask: torch.Tensor) -> torch.Tensor:
@@ -73,23 +77,33 @@ def shifted(x: torch.Tensor, by: int, fill=0) -> torch.Tensor:
     return F.pad(x[:, by:], (0, by) if x.ndim == 2 else (0, 0, 0, by), value=fill)
 
 
-def step_stats(
-    logits: torch.Tensor, step: int, loss_mask: torch.Tensor, targets: Targets, d2t: torch.Tensor
-) -> StepStats:
-    """Soft cross-entropy sum and top-1 hits of step ``step``'s logits [B,T,V_draft]."""
-    answer = shifted(loss_mask, step + 2, False)
-    probs = shifted(targets.probs, step + 1)
-    trained = answer & shifted(targets.in_vocab, step + 1, False)
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    loss = -(probs * logp).sum(-1)
-    draft = logits.argmax(-1)
-    hits = (draft + d2t[draft]) == shifted(targets.argmax, step + 1)
-    return StepStats(
-        loss_sum=(loss * trained).sum(),
-        loss_count=trained.sum(),
-        correct=(hits & answer).sum(),
-        scored=answer.sum(),
-    )
+def ttt_stats(
+    step_logits: list[torch.Tensor], loss_mask: torch.Tensor, targets: Targets, d2t: torch.Tensor, criterion: Criterion
+) -> list[StepStats]:
+    """Per TTT step, the sums of ``criterion``'s loss and the top-1 hits of its logits [B,T,V_draft].
+    Row t's steps are one chain of drafts, which D-PACE weighs as one."""
+    losses, confidences, trained, hits, answers = [], [], [], [], []
+    uniform = -math.log(targets.logp.shape[-1])
+    for step, logits in enumerate(step_logits):
+        answer = shifted(loss_mask, step + 2, False)
+        loss, confidence = criterion.score(shifted(targets.logp, step + 1, uniform), logits)
+        draft = logits.argmax(-1)
+        losses.append(loss)
+        confidences.append(confidence)
+        trained.append(answer & shifted(targets.in_vocab, step + 1, False))
+        hits.append((draft + d2t[draft]) == shifted(targets.argmax, step + 1))
+        answers.append(answer)
+    trained_all = torch.stack(trained, -1)
+    loss = criterion.weigh(torch.stack(losses, -1), torch.stack(confidences, -1), trained_all)
+    return [
+        StepStats(
+            loss_sum=torch.where(trained_all[..., k], loss[..., k], 0.0).sum(),
+            loss_count=trained[k].sum(),
+            correct=(hits[k] & answers[k]).sum(),
+            scored=answers[k].sum(),
+        )
+        for k in range(len(step_logits))
+    ]
 
 
 def acceptance_length(accuracies: list[float]) -> float:

@@ -37,6 +37,7 @@ from eyas.drafter.layout import WEIGHTS_FILE
 from eyas.drafter.parts import saved_only
 from eyas.files import replace_dir
 from eyas.stage import StageError, differences, file_digest
+from eyas.train.optimizer import Optimizers
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +108,10 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def full_state(drafter, optimizer) -> tuple[dict[str, torch.Tensor], dict]:
-    """Saved weights and the optimizer state as full CPU tensors (collective under FSDP)."""
+def full_state(drafter, optimizers: Optimizers) -> tuple[dict[str, torch.Tensor], dict]:
+    """Saved weights and the optimizers' state as full CPU tensors (collective under FSDP)."""
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    weights, optim = get_state_dict(drafter, optimizer, options=options)
+    weights, optim = get_state_dict(drafter, optimizers.optimizers, options=options)
     return saved_only(weights), optim
 
 
@@ -146,8 +147,7 @@ def save(
     train_dir: Path,
     step: int,
     drafter,
-    optimizer,
-    scheduler,
+    optimizers: Optimizers,
     is_main: bool,
     made: dict,
     schedules: list[list[int]],
@@ -157,7 +157,7 @@ def save(
     ``spent``: the wall and CPU seconds the run has cost up to this step, over every call that
     trained it (:meth:`eyas.stage.StageRun.spent_now`), which a resumed run carries on from."""
     final = checkpoints_dir(train_dir) / step_name(step)
-    weights, optim = full_state(drafter, optimizer)
+    weights, optim = full_state(drafter, optimizers)
     if not is_main:
         return final
     tmp = final.with_name(final.name + ".tmp")
@@ -166,7 +166,8 @@ def save(
     state = {
         "step": step,
         "optimizer": optim,
-        "scheduler": scheduler.state_dict(),
+        "scheduler": optimizers.schedulers[0].state_dict(),
+        "schedulers": [scheduler.state_dict() for scheduler in optimizers.schedulers],
         "rng": rng_state(),
         "schedules": schedules,
         "spent": list(spent),
@@ -185,7 +186,9 @@ def save(
     return final
 
 
-def restore(path: Path, drafter, optimizer, scheduler, made: dict) -> tuple[int, list[list[int]], tuple[float, float]]:
+def restore(
+    path: Path, drafter, optimizers: Optimizers, made: dict
+) -> tuple[int, list[list[int]], tuple[float, float]]:
     """Load a checkpoint into live objects (every rank reads it); returns the steps already done,
     the learning-rate schedules followed so far and the seconds they cost (:func:`save`).
 
@@ -200,12 +203,14 @@ def restore(path: Path, drafter, optimizer, scheduler, made: dict) -> tuple[int,
     drafter.check_weights(weights, str(path))
     set_state_dict(
         drafter,
-        optimizer,
+        optimizers.optimizers,
         model_state_dict=weights,
         optim_state_dict=state["optimizer"],
         options=StateDictOptions(full_state_dict=True, strict=False),
     )
-    keep_schedule(scheduler, state["scheduler"])
+    # One schedule per optimizer; a checkpoint from before Muon has the one.
+    for scheduler, saved in zip(optimizers.schedulers, state.get("schedulers") or [state["scheduler"]], strict=True):
+        keep_schedule(scheduler, saved)
     set_rng_state(state["rng"])
     # A checkpoint written before schedules were recorded followed its saved schedule from step 0.
     schedules = state.get("schedules") or [[0, state["scheduler"]["lr_lambdas"][0]["total"]]]

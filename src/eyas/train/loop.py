@@ -2,9 +2,9 @@
 
 Each optimizer step reads one global batch (``train.batch_size`` samples split across
 ranks), unrolls the TTT steps, and divides every step's loss by its *global* count of
-scored positions, so N ranks compute the gradient one process would. AdamW with linear
-warmup then cosine decay to zero, gradient clipping, bf16 autocast on GPU and plain fp32
-on CPU.
+scored positions, so N ranks compute the gradient one process would. AdamW (or Muon, see
+:mod:`eyas.train.optimizer`) with linear warmup then cosine decay to zero, gradient clipping,
+bf16 autocast on GPU and plain fp32 on CPU.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import shutil
 import time
 from collections.abc import Callable
@@ -38,25 +37,12 @@ from eyas.train.data import OfflineSource, OnlineSource, Schedule, check_sizes, 
 from eyas.train.distributed import World
 from eyas.train.evaluate import evaluate, summarize, totals
 from eyas.train.metrics import MetricsLog
+from eyas.train.optimizer import Optimizers, build_optimizers
 from eyas.train.plot import plot_training
 from eyas.train.tau import BEST_FILE, HeldOutDecoding, forget_later_than, unsharded_copy
 from eyas.train.warm_start import warm_start
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class WarmupCosine:
-    """LR multiplier: linear warmup over ``warmup`` steps, then cosine to zero at ``total``."""
-
-    total: int
-    warmup: int
-
-    def __call__(self, step: int) -> float:
-        if step < self.warmup:
-            return (step + 1) / self.warmup
-        progress_ = (step - self.warmup) / max(1, self.total - self.warmup)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress_)))
 
 
 def resume_key(started: StageRun) -> dict:
@@ -179,8 +165,7 @@ class Trainer:
     forward: torch.nn.Module
     """What the step calls: the drafter, or its DDP wrapper (see :func:`parallelize`)."""
     params: list[torch.nn.Parameter]
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
+    optimizers: Optimizers
     source: OnlineSource | OfflineSource
     eval_source: OnlineSource | None
     held_out: HeldOutDecoding | None
@@ -234,10 +219,9 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
     drafter.train()
     forward = parallelize(drafter, cfg.parallel, world)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=drafter_family.lr(cfg), weight_decay=cfg.weight_decay)
     schedule = Schedule(source.lengths(), cfg.batch_size, cfg.seed)
     total = total_steps(cfg, schedule.num_samples)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, WarmupCosine(total, round(cfg.warmup_ratio * total)))
+    optimizers = build_optimizers(drafter, cfg, drafter_family.lr(cfg), total)
     return Trainer(
         cfg=cfg,
         world=world,
@@ -245,8 +229,7 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
         drafter=drafter,
         forward=forward,
         params=params,
-        optimizer=optimizer,
-        scheduler=scheduler,
+        optimizers=optimizers,
         source=source,
         eval_source=eval_source,
         held_out=held_out,
@@ -269,7 +252,7 @@ def resume(trainer: Trainer) -> None:
     path = checkpoint.newest_intact(trainer.paths.train_dir)
     if path is not None:
         trainer.step, schedules, spent = checkpoint.restore(
-            path, trainer.drafter, trainer.optimizer, trainer.scheduler, trainer.made_with
+            path, trainer.drafter, trainer.optimizers, trainer.made_with
         )
         trainer.stage.carry(*spent)
         log.info("resuming from %s (step %d of %d)", path, trainer.step, trainer.total)
@@ -305,12 +288,11 @@ def train_step(trainer: Trainer) -> dict:
     loss = sum(
         w * s.loss_sum / sums[1, k].clamp(min=1) * world.size for k, (w, s) in enumerate(zip(weights.tolist(), stats))
     )
-    trainer.optimizer.zero_grad(set_to_none=True)
+    trainer.optimizers.zero_grad()
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(trainer.params, cfg.grad_clip)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-    trainer.optimizer.step()
-    trainer.scheduler.step()
+    trainer.optimizers.step()
     trainer.step += 1
     summary = summarize(sums)
     tokens = int(world.sum(torch.tensor([batch.tokens], device=world.device)).item())
@@ -323,7 +305,7 @@ def train_step(trainer: Trainer) -> dict:
         "loss_steps": summary["loss"],
         "acc": summary["acc"],
         "acceptance_length": summary["acceptance_length"],
-        "lr": trainer.scheduler.get_last_lr()[0],
+        "lr": trainer.optimizers.lr,
         "grad_norm": float(grad_norm),
         "tokens": tokens,
         "tokens_per_s": tokens / elapsed,
@@ -409,8 +391,7 @@ def save_checkpoint(trainer: Trainer) -> None:
         trainer.paths.train_dir,
         trainer.step,
         trainer.drafter,
-        trainer.optimizer,
-        trainer.scheduler,
+        trainer.optimizers,
         trainer.world.is_main,
         trainer.made_with,
         trainer.schedules,

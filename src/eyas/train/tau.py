@@ -49,18 +49,21 @@ class HeldOutDecoding:
     @torch.inference_mode()
     def measure(self, drafter) -> dict:
         """τ (generated tokens ÷ verification passes, pooled over prompts) and the share of passes
-        that accepted the draft at each position, as eval reports them."""
+        that accepted the draft at each position, as eval reports them; ``per_prompt``, each
+        prompt's [generated tokens, passes], is what a paired comparison of two drafters reads."""
         started = time.perf_counter()
-        generated, passes, accepted = 0, 0, [0] * self.draft_tokens
+        per_prompt, accepted = [], [0] * self.draft_tokens
         with TargetRunner(self.model, list(drafter.spec.aux_layers)) as runner:
             proposer = DrafterProposer(drafter)
             for prompt in self.prompts:
                 out = speculative_decode(runner, proposer, prompt, self.draft_tokens, self.new_tokens, self.stop_ids)
-                generated, passes = generated + len(out.tokens) - 1, passes + out.passes
+                per_prompt.append([len(out.tokens) - 1, out.passes])
                 accepted = [a + b for a, b in zip(accepted, out.accepted_at)]
+        generated, passes = sum(g for g, _ in per_prompt), sum(p for _, p in per_prompt)
         return {
             "tau": generated / passes if passes else 1.0,
             "per_position": [a / passes if passes else 0.0 for a in accepted],
+            "per_prompt": per_prompt,
             "prompts": len(self.prompts),
             "seconds": time.perf_counter() - started,
         }

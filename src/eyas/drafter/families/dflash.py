@@ -25,7 +25,7 @@ at positions a drawn without replacement from those whose next token is an answe
 sample's draw comes from a generator seeded by the step and the sample's index, so a resumed run
 draws the same blocks and N data-parallel ranks draw what one process would. Block
 position k predicts the token at a+k against the target's own distribution there (soft
-cross-entropy, as EAGLE-3's loss in :mod:`eyas.drafter.loss`); a position past the sample's end
+``train.loss``, as EAGLE-3's, :mod:`eyas.drafter.criteria`); a position past the sample's end
 or outside the answer carries no loss, and a sample with fewer candidates than anchors gets
 empty blocks, masked out.
 
@@ -48,6 +48,7 @@ from torch import Tensor, nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from eyas.config import ConfigError, DFlashConfig, RunConfig, TrainConfig
+from eyas.drafter.criteria import Criterion
 from eyas.drafter.family import Family, Training, TrainingInputs
 from eyas.drafter.layout import llama_keys, sizes_from_keys
 from eyas.drafter.loss import StepStats
@@ -289,6 +290,7 @@ class BlockObjective:
 
     anchors: int
     block_size: int
+    criterion: Criterion = Criterion()
 
     @property
     def positions(self) -> int:
@@ -299,9 +301,9 @@ class BlockObjective:
         anchors = sample_anchors(batch.loss_mask, self.anchors, seeds)
         logits = forward(batch.aux, batch.input_ids, anchors)
         answer, target_logits = block_labels(batch, anchors, self.positions, drafter.target_head.weight)
-        loss = soft_cross_entropy(target_logits, logits)
+        loss, confidence = self.criterion.score(torch.log_softmax(target_logits, dim=-1), logits)
         hits = (logits.argmax(-1) == target_logits.argmax(-1)) & answer
-        return block_stats(loss, answer, hits, answer)
+        return block_stats(self.criterion.weigh(loss, confidence, answer), answer, hits, answer)
 
 
 def project(head: nn.Linear, hidden: Tensor) -> Tensor:
@@ -311,11 +313,6 @@ def project(head: nn.Linear, hidden: Tensor) -> Tensor:
     head over the full vocabulary is most of a block family's step."""
     flat = hidden.reshape(-1, hidden.shape[-1])
     return head(flat).view(*hidden.shape[:-1], -1)
-
-
-def soft_cross_entropy(target_logits: Tensor, logits: Tensor) -> Tensor:
-    """Per position, the cross-entropy of the drafter's ``logits`` against the target's distribution."""
-    return -(torch.softmax(target_logits, dim=-1) * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
 
 
 def block_tokens(input_ids: Tensor, anchors: Tensor, count: int) -> Tensor:
@@ -347,7 +344,7 @@ def block_stats(loss: Tensor, trained: Tensor, hits: Tensor, answer: Tensor) -> 
     accepted_before = F.pad(hits.long().cumprod(-1), (1, 0), value=1)[..., :-1].bool()
     return [
         StepStats(
-            loss_sum=(loss[..., k] * trained[..., k]).sum(),
+            loss_sum=torch.where(trained[..., k], loss[..., k], 0.0).sum(),
             loss_count=trained[..., k].sum(),
             correct=(hits[..., k] & accepted_before[..., k]).sum(),
             scored=(answer[..., k] & accepted_before[..., k]).sum(),
@@ -434,15 +431,16 @@ class DFlash(Family):
 
     def training(self, inputs: TrainingInputs) -> Training:
         cfg = getattr(inputs.config.train, self.name)
+        criterion = Criterion.of(inputs.config.train)
         return Training(
             spec=self.spec(inputs.base, inputs.config),
-            objective=self.objective(cfg),
-            step_weights=decay_weights(cfg.block_size - 1, cfg.decay),
+            objective=self.objective(cfg, criterion),
+            step_weights=criterion.fixed_weights(decay_weights(cfg.block_size - 1, cfg.decay)),
         )
 
-    def objective(self, cfg: DFlashConfig) -> BlockObjective:
-        """How a batch is scored, from the family's own ``train.<name>`` section."""
-        return BlockObjective(cfg.anchors, cfg.block_size)
+    def objective(self, cfg: DFlashConfig, criterion: Criterion) -> BlockObjective:
+        """How a batch is scored, from the family's own ``train.<name>`` section and the run's criterion."""
+        return BlockObjective(cfg.anchors, cfg.block_size, criterion)
 
     def session(self, drafter: DFlashDrafter) -> DFlashSession:
         return DFlashSession(drafter)

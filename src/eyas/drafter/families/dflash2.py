@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eyas.config import ConfigError, DFlash2Config, RunConfig
+from eyas.drafter.criteria import Criterion
 from eyas.drafter.families.dflash import (
     BlockObjective,
     DFlash,
@@ -55,7 +56,6 @@ from eyas.drafter.families.dflash import (
     dflash_spec,
     project,
     sample_anchors,
-    soft_cross_entropy,
 )
 from eyas.drafter.spec import DrafterSpec
 
@@ -208,9 +208,9 @@ class SelectorObjective(BlockObjective):
         answer, target_logits = block_labels(batch, anchors, self.positions, drafter.target_head.weight)
         greedy = target_logits.argmax(-1)
         logits, scores, label, served = forward(batch.aux, batch.input_ids, anchors, greedy)
-        unary = soft_cross_entropy(target_logits, logits)
+        unary, confidence = self.criterion.score(torch.log_softmax(target_logits, dim=-1), logits)
         selector = F.cross_entropy(scores.float().flatten(0, -2), label.flatten(), reduction="none")
-        loss = unary + self.selector_weight * selector.view_as(label)
+        loss = self.criterion.weigh(unary + self.selector_weight * selector.view_as(label), confidence, answer)
         hits = served & (scores.argmax(-1) == label) & answer
         return block_stats(loss, answer, hits, answer)
 
@@ -241,8 +241,8 @@ class DFlash2(DFlash):
             )
         return DFlash2Spec(**vars(block), **{k: getattr(cfg, k) for k in OWN_KEYS})
 
-    def objective(self, cfg: DFlash2Config) -> SelectorObjective:
-        return SelectorObjective(cfg.anchors, cfg.block_size, cfg.selector_weight)
+    def objective(self, cfg: DFlash2Config, criterion: Criterion) -> SelectorObjective:
+        return SelectorObjective(cfg.anchors, cfg.block_size, criterion, cfg.selector_weight)
 
     def session(self, drafter: DFlash2Drafter) -> DFlash2Session:
         return DFlash2Session(drafter)

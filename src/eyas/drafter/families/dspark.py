@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from eyas.config import DSparkConfig, RunConfig
+from eyas.drafter.criteria import Criterion, tv
 from eyas.drafter.families.dflash import (
     DFlash,
     DFlashDrafter,
@@ -173,6 +174,7 @@ class DSparkObjective:
     t2d: Tensor
     """[V] whether a target id is in it."""
     confidence_weight: float
+    criterion: Criterion = Criterion()
 
     @property
     def positions(self) -> int:
@@ -186,13 +188,15 @@ class DSparkObjective:
         greedy = target_logits.argmax(-1)
         # The restricted target would teach the wrong token where its argmax lies outside the draft vocabulary.
         trained = answer & self.t2d[greedy]
-        target = torch.softmax(target_logits[..., self.draft_ids], dim=-1)
-        log_draft = torch.log_softmax(logits.float(), dim=-1)
-        loss = -(target * log_draft).sum(-1)
+        target_logp = torch.log_softmax(target_logits[..., self.draft_ids], dim=-1)
+        loss, greedy_confidence = self.criterion.score(target_logp, logits)
         if confidence is not None:
-            accepted = (1 - 0.5 * (log_draft.exp() - target).abs().sum(-1)).clamp(0, 1).detach()
+            # The head learns the chance its draft is accepted: 1 − TV between the two distributions.
+            with torch.no_grad():
+                accepted = 1 - tv(target_logp, torch.log_softmax(logits.float(), dim=-1), 0.0).clamp(0, 1)
             bce = F.binary_cross_entropy_with_logits(confidence.float(), accepted, reduction="none")
             loss = loss + self.confidence_weight * bce
+        loss = self.criterion.weigh(loss, greedy_confidence, trained)
         hits = (self.draft_ids[logits.argmax(-1)] == greedy) & answer
         return block_stats(loss, trained, hits, answer)
 
@@ -248,6 +252,7 @@ class DSpark(DFlash):
 
     def training(self, inputs: TrainingInputs) -> Training:
         cfg = inputs.config.train.dspark
+        criterion = Criterion.of(inputs.config.train)
         spec = self.spec(inputs.base, inputs.config)
         device = inputs.lm_head.device
         vocab = inputs.vocab() if spec.reduced else None
@@ -258,9 +263,9 @@ class DSpark(DFlash):
         return Training(
             spec=spec,
             objective=DSparkObjective(
-                cfg.anchors, cfg.block_size, draft_ids.to(device), t2d.to(device), cfg.confidence_weight
+                cfg.anchors, cfg.block_size, draft_ids.to(device), t2d.to(device), cfg.confidence_weight, criterion
             ),
-            step_weights=decay_weights(cfg.block_size, cfg.decay),
+            step_weights=criterion.fixed_weights(decay_weights(cfg.block_size, cfg.decay)),
             vocab=vocab,
         )
 

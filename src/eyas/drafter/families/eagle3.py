@@ -49,9 +49,10 @@ from torch import Tensor, nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from eyas.config import Eagle3Config, RunConfig, TrainConfig
+from eyas.drafter.criteria import Criterion
 from eyas.drafter.family import VLLM_SERVER, Family, Training, TrainingInputs
 from eyas.drafter.layout import dtype_name, llama_keys, sizes_from_keys, write_layout
-from eyas.drafter.loss import StepStats, Targets, needed_positions, step_stats, target_distribution
+from eyas.drafter.loss import StepStats, Targets, needed_positions, target_distribution, ttt_stats
 from eyas.drafter.parts import DrafterWeights, attention_projections, expand_kv
 from eyas.drafter.spec import DrafterSpec
 from eyas.target.capture import default_aux_layers, hf_hidden_state_indices
@@ -297,13 +298,10 @@ class TargetHead:
         return target_distribution(batch.final, self.lm_head, self.used, self.t2d, needed_positions(batch.loss_mask))
 
 
-def batch_stats(forward, drafter, batch, head: TargetHead, steps: int) -> list[StepStats]:
+def batch_stats(forward, drafter, batch, head: TargetHead, steps: int, criterion: Criterion) -> list[StepStats]:
     """Unroll ``forward`` (the drafter or its DDP wrapper) over a batch; per-step sums."""
     targets = head.targets(batch)
-    return [
-        step_stats(logits, k, batch.loss_mask, targets, drafter.d2t)
-        for k, logits in enumerate(forward(batch.aux, batch.input_ids, steps))
-    ]
+    return ttt_stats(forward(batch.aux, batch.input_ids, steps), batch.loss_mask, targets, drafter.d2t, criterion)
 
 
 @dataclass
@@ -312,13 +310,14 @@ class TTTObjective:
 
     head: TargetHead
     steps: int
+    criterion: Criterion = Criterion()
 
     @property
     def positions(self) -> int:
         return self.steps
 
     def stats(self, forward, drafter, batch, seeds: list[int]) -> list[StepStats]:
-        return batch_stats(forward, drafter, batch, self.head, self.steps)
+        return batch_stats(forward, drafter, batch, self.head, self.steps, self.criterion)
 
 
 def sglang_config(spec: Eagle3Spec, dtype: torch.dtype) -> dict[str, Any]:
@@ -420,10 +419,11 @@ class Eagle3(Family):
         d2t, t2d = inputs.vocab()
         device = inputs.lm_head.device
         used = torch.arange(d2t.shape[0], device=device) + d2t.to(device)
+        criterion = Criterion.of(cfg)
         return Training(
             spec=replace(self.spec(inputs.base, inputs.config), draft_vocab_size=d2t.shape[0]),
-            objective=TTTObjective(TargetHead(inputs.lm_head, used, t2d.to(device)), cfg.ttt_steps),
-            step_weights=[cfg.step_weight**k for k in range(cfg.ttt_steps)],
+            objective=TTTObjective(TargetHead(inputs.lm_head, used, t2d.to(device)), cfg.ttt_steps, criterion),
+            step_weights=criterion.fixed_weights([cfg.step_weight**k for k in range(cfg.ttt_steps)]),
             vocab=(d2t, t2d),
         )
 

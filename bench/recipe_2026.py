@@ -1,0 +1,130 @@
+"""The 2026 recipe levers at equal data: one table of held-out τ, each row against today's default.
+
+Every row is a real ``eyas.train.run`` on the merged corpus of a finished run (``--run CONFIG``;
+``make demo`` leaves ``runs/demo/demo.yaml``), online with the states cached, with the config's
+own ``train`` section and one group of settings changed: the objective (``train.loss``), the
+position weighting (``train.position_weighting``), the optimizer (``train.optimizer``), and the
+combinations. τ is what training measures on the merge's held-out prompts (greedy, 3 draft
+tokens), for the drafter ``train/final`` keeps. Each τ comes with its standard error over prompts
+(bootstrap), and each row with a paired comparison against the first row on the same prompts:
+Δτ, its standard error from resampling the prompts of both together, and on how many prompts the
+row decoded in fewer passes and in more. Rows run one after another in one process, so their
+train CPU seconds compare; run nothing else on the machine meanwhile.
+
+Usage: ``OMP_NUM_THREADS=2 .venv/bin/python bench/recipe_2026.py --run runs/demo/demo.yaml
+[--family eagle3] [--only NAME ...] [--json FILE]``. A demo-sized row takes 5 to 8 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import tempfile
+from pathlib import Path
+
+from train_recipe import link_stages, train_variant, variant_dir
+
+from eyas.config import load_config
+
+LEVERS: dict[str, dict] = {
+    "today's default (kl_div, geometric, AdamW)": {},
+    "loss: rkl": {"loss": "rkl"},
+    "loss: jsd": {"loss": "jsd"},
+    "loss: tv": {"loss": "tv"},
+    "loss: nla": {"loss": "nla"},
+    "loss: lk_hybrid": {"loss": "lk_hybrid"},
+    "loss: ce": {"loss": "ce"},
+    "loss: {ce: 0.1, tv: 0.9}": {"loss": {"ce": 0.1, "tv": 0.9}},
+    "position_weighting: dpace": {"position_weighting": "dpace"},
+    "optimizer: muon": {"optimizer": "muon"},
+}
+"""Row name → changes to the config's train section, for every family."""
+
+FAMILY_LEVERS: dict[str, dict[str, dict]] = {
+    "eagle3": {"norm_before_fc (EAGLE-3.1 as llama.cpp serves it)": {"eagle3": {"norm_before_fc": True}}},
+}
+"""Rows only a family has."""
+
+BOOTSTRAP = 2000
+
+
+def pooled(per_prompt: list[list[int]], picks: list[int]) -> float:
+    generated = sum(per_prompt[i][0] for i in picks)
+    passes = sum(per_prompt[i][1] for i in picks)
+    return generated / passes if passes else 1.0
+
+
+def compare(row: list[list[int]], base: list[list[int]], seed: int = 0) -> dict:
+    """τ and its bootstrap standard error over prompts; Δτ against ``base`` on the same resamples;
+    prompts where the row needed fewer verification passes than ``base``, and more."""
+    rng = random.Random(seed)
+    n = len(row)
+    every = list(range(n))
+    taus, deltas = [], []
+    for _ in range(BOOTSTRAP):
+        picks = [rng.randrange(n) for _ in every]
+        taus.append(pooled(row, picks))
+        deltas.append(taus[-1] - pooled(base, picks))
+
+    def se(values: list[float]) -> float:
+        mean = sum(values) / len(values)
+        return (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+
+    return {
+        "tau": pooled(row, every),
+        "se": se(taus),
+        "delta": pooled(row, every) - pooled(base, every),
+        "delta_se": se(deltas),
+        "better": sum(r[1] < b[1] for r, b in zip(row, base)),
+        "worse": sum(r[1] > b[1] for r, b in zip(row, base)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--run", required=True, help="config of a run whose merge is done")
+    parser.add_argument("--family", default="eagle3", help="train.drafter of every row")
+    parser.add_argument("--only", nargs="*", help="row names to run after the first (default: all)")
+    parser.add_argument("--json", type=Path, help="also write every row's figures here")
+    parser.add_argument("--tau-prompts", type=int, default=16, help="held-out prompts τ is measured on")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    base_config = load_config(Path(args.run))
+    if base_config.extract.mode != "online":
+        raise SystemExit(f"{args.run}: bench/recipe_2026.py trains online; set extract.mode: online")
+    base = base_config.train.model_dump() | {
+        "cache_states": True,
+        "tau_prompts": args.tau_prompts,
+        "drafter": args.family,
+    }
+    levers = LEVERS | FAMILY_LEVERS.get(args.family, {})
+    first = next(iter(levers))
+    names = [first, *(n for n in levers if n != first and (args.only is None or n in args.only))]
+    work = Path(tempfile.mkdtemp(prefix="eyas-recipe-2026-"))
+    print(
+        f"{args.family} on {args.run}: {base['max_steps']} steps of {base['batch_size']}, "
+        f"τ on {args.tau_prompts} held-out prompts, {base['tau_draft_tokens']} draft tokens, "
+        f"{base['tau_new_tokens']} new tokens each; Δτ paired against the first row\n"
+    )
+    print("| setting | τ ± SE | Δτ ± SE (paired) | prompts better / worse | best step | train CPU s |")
+    print("|---|---|---|---|---|---|")
+    results = {}
+    for name in names:
+        run_dir = variant_dir(work, name)
+        link_stages(base_config, run_dir, ("merge", "tokenize", "generate"))
+        r = train_variant(base_config, run_dir, base | levers[name])
+        c = compare(r["per_prompt"], results[first]["per_prompt"] if results else r["per_prompt"])
+        results[name] = r | c
+        print(
+            f"| {name} | {c['tau']:.3f} ± {c['se']:.3f} | {c['delta']:+.3f} ± {c['delta_se']:.3f} | "
+            f"{c['better']} / {c['worse']} | {r['best_step']} | {r['cpu']:.0f} |",
+            flush=True,
+        )
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

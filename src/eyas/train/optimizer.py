@@ -1,0 +1,92 @@
+"""The optimizers a run steps (``train.optimizer``) and their learning-rate schedule.
+
+``adamw`` is one AdamW over every trained tensor. ``muon`` is torch's own ``torch.optim.Muon``
+(PyTorch ≥ 2.9) on the drafter's weight matrices, the only tensors it orthogonalises, and AdamW on
+the rest (norms, biases, vectors), as speculators does since v0.7. Muon's update is scaled to the
+RMS AdamW's would have (``adjust_lr_fn="match_rms_adamw"``), and its rate is ``train.muon_lr``,
+by default ten times AdamW's. Every optimizer follows the same schedule: linear warmup, then
+cosine to zero.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from eyas.config import TrainConfig
+
+MUON_LR_FACTOR = 10.0
+"""Muon's rate over AdamW's when ``train.muon_lr`` is unset (speculators' default)."""
+MUON_WEIGHT_DECAY = 0.1
+"""Muon's decoupled weight decay (torch's and speculators' default)."""
+
+
+@dataclass
+class WarmupCosine:
+    """LR multiplier: linear warmup over ``warmup`` steps, then cosine to zero at ``total``."""
+
+    total: int
+    warmup: int
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        progress_ = (step - self.warmup) / max(1, self.total - self.warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress_)))
+
+
+def linear_weights(drafter: nn.Module) -> set[int]:
+    """ids of the trained weight matrices of the drafter's linear layers (both sides > 1): what Muon
+    updates. Lookup tables (embeddings, DSpark's Markov rows, DFlash2's codebooks), whose rows a
+    batch touches a few at a time, stay with AdamW, as embeddings do in Muon's own recipe."""
+    return {
+        id(m.weight)
+        for m in drafter.modules()
+        if isinstance(m, nn.Linear) and m.weight.requires_grad and min(m.weight.shape) > 1
+    }
+
+
+@dataclass
+class Optimizers:
+    """The optimizers a step drives together, each with its schedule."""
+
+    optimizers: list[torch.optim.Optimizer]
+    schedulers: list[torch.optim.lr_scheduler.LambdaLR]
+
+    def zero_grad(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
+
+    def step(self) -> None:
+        for optimizer, scheduler in zip(self.optimizers, self.schedulers):
+            optimizer.step()
+            scheduler.step()
+
+    @property
+    def lr(self) -> float:
+        """The current rate of the first optimizer (Muon's under ``muon``)."""
+        return self.schedulers[0].get_last_lr()[0]
+
+
+def build_optimizers(drafter: nn.Module, cfg: TrainConfig, lr: float, total: int) -> Optimizers:
+    """``cfg.optimizer`` over the drafter's trained tensors at peak rate ``lr`` (the family's), each
+    on :class:`WarmupCosine` over ``total`` steps."""
+    trained = [p for p in drafter.parameters() if p.requires_grad]
+    if cfg.optimizer == "muon":
+        muon = linear_weights(drafter)
+        matrices = [p for p in trained if id(p) in muon]
+        rest = [p for p in trained if id(p) not in muon]
+        muon_lr = cfg.muon_lr if cfg.muon_lr is not None else MUON_LR_FACTOR * lr
+        optimizers = [
+            torch.optim.Muon(matrices, lr=muon_lr, weight_decay=MUON_WEIGHT_DECAY, adjust_lr_fn="match_rms_adamw")
+        ]
+        if rest:
+            optimizers.append(torch.optim.AdamW(rest, lr=lr, weight_decay=cfg.weight_decay))
+    else:
+        optimizers = [torch.optim.AdamW(trained, lr=lr, weight_decay=cfg.weight_decay)]
+    warmup = round(cfg.warmup_ratio * total)
+    schedulers = [torch.optim.lr_scheduler.LambdaLR(o, WarmupCosine(total, warmup)) for o in optimizers]
+    return Optimizers(optimizers, schedulers)
