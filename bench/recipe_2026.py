@@ -86,7 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--run", required=True, help="config of a run whose merge is done")
     parser.add_argument("--family", default="eagle3", help="train.drafter of every row")
-    parser.add_argument("--only", nargs="*", help="row names to run after the first (default: all)")
+    parser.add_argument("--only", nargs="*", help="rows to run after the first, in this order (default: all)")
     parser.add_argument("--json", type=Path, help="also write every row's figures here")
     parser.add_argument("--tau-prompts", type=int, default=16, help="held-out prompts τ is measured on")
     args = parser.parse_args()
@@ -101,7 +101,9 @@ def main() -> None:
     }
     levers = LEVERS | FAMILY_LEVERS.get(args.family, {})
     first = next(iter(levers))
-    names = [first, *(n for n in levers if n != first and (args.only is None or n in args.only))]
+    names = [first, *(n for n in (levers if args.only is None else args.only) if n != first)]
+    if unknown := [n for n in names if n not in levers]:
+        raise SystemExit(f"--only: no row named {unknown[0]!r}; rows: {', '.join(levers)}")
     work = Path(tempfile.mkdtemp(prefix="eyas-recipe-2026-"))
     print(
         f"{args.family} on {args.run}: {base['max_steps']} steps of {base['batch_size']}, "
