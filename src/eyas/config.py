@@ -505,7 +505,9 @@ class TrainConfig(Section):
                 f"one of {', '.join(known)}, or a weighted sum of them ({{ce: 0.1, tv: 0.9}}: weights ≥ 0, "
                 f"not all 0); got {loss!r}"
             )
-        return loss if isinstance(loss, str) else {name: float(w) for name, w in loss.items()}
+        # By name: a mix is summed, and differentiated, in one order however the file lists it, so a
+        # run resumed from a rewritten config continues bit for bit and its fingerprint is the same.
+        return loss if isinstance(loss, str) else {name: float(loss[name]) for name in sorted(loss)}
 
     @property
     def families(self) -> list[str]:

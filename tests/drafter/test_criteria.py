@@ -140,3 +140,17 @@ def test_a_loss_nobody_computes_is_refused_naming_the_key(tmp_path):
         with pytest.raises(ConfigError, match=r"train\.loss: .*one of kl_div, rkl, jsd, tv, nla, lk_hybrid, ce"):
             parse_config({**base, "train": {"loss": loss}})
     assert parse_config({**base, "train": {"loss": {"ce": 1, "tv": 9}}}).train.loss_terms == {"ce": 1.0, "tv": 9.0}
+
+
+def test_a_mix_is_one_sum_whichever_order_the_config_lists_it(tmp_path):
+    """A resumed run whose config was rewritten (YAML sorts keys) summed lk_hybrid, kl and ce's
+    gradients in another order and drifted from the run it continued by a float rounding."""
+    from eyas.train import fingerprint
+
+    base = {"run_dir": str(tmp_path), "target": {"device": "cpu"}}
+    listed = [
+        parse_config({**base, "train": {"loss": loss}})
+        for loss in ({"lk_hybrid": 1, "ce": 0.1}, {"ce": 0.1, "lk_hybrid": 1})
+    ]
+    assert [list(c.train.loss_terms) for c in listed] == [["ce", "lk_hybrid"]] * 2
+    assert fingerprint(listed[0]) == fingerprint(listed[1])
