@@ -12,7 +12,8 @@ row decoded in fewer passes and in more. Rows run one after another in one proce
 train CPU seconds compare; run nothing else on the machine meanwhile.
 
 Usage: ``OMP_NUM_THREADS=2 .venv/bin/python bench/recipe_2026.py --run runs/demo/demo.yaml
-[--family eagle3] [--only NAME ...] [--json FILE]``. A demo-sized row takes 5 to 8 minutes on 2 cores.
+[--family eagle3] [--only NAME ...] [--json FILE]``. A demo-sized row takes 5 to 12 minutes on 2 cores;
+with ``--json`` an interrupted bench reruns only the rows it has not recorded with these settings.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def main() -> None:
     parser.add_argument("--run", required=True, help="config of a run whose merge is done")
     parser.add_argument("--family", default="eagle3", help="train.drafter of every row")
     parser.add_argument("--only", nargs="*", help="rows to run after the first, in this order (default: all)")
-    parser.add_argument("--json", type=Path, help="also write every row's figures here")
+    parser.add_argument(
+        "--json", type=Path, help="also write every row's figures here; a rerun keeps the rows it holds with the same settings"
+    )
     parser.add_argument("--tau-prompts", type=int, default=16, help="held-out prompts τ is measured on")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -112,11 +115,17 @@ def main() -> None:
     )
     print("| setting | τ ± SE | Δτ ± SE (paired) | prompts better / worse | best step | train CPU s |")
     print("|---|---|---|---|---|---|")
+    recorded = json.loads(args.json.read_text()) if args.json and args.json.is_file() else {}
     results = {}
     for name in names:
-        run_dir = variant_dir(work, name)
-        link_stages(base_config, run_dir, ("merge", "tokenize", "generate"))
-        r = train_variant(base_config, run_dir, base | levers[name])
+        settings = base | levers[name]
+        as_recorded = json.loads(json.dumps(settings, default=str))
+        if recorded.get(name, {}).get("settings") == as_recorded:
+            r = recorded[name]
+        else:
+            run_dir = variant_dir(work, name)
+            link_stages(base_config, run_dir, ("merge", "tokenize", "generate"))
+            r = train_variant(base_config, run_dir, settings) | {"settings": as_recorded}
         c = compare(r["per_prompt"], results[first]["per_prompt"] if results else r["per_prompt"])
         results[name] = r | c
         print(
@@ -125,7 +134,7 @@ def main() -> None:
             flush=True,
         )
         if args.json:
-            args.json.write_text(json.dumps(results, indent=2))
+            args.json.write_text(json.dumps(recorded | results, indent=2))
 
 
 if __name__ == "__main__":
