@@ -89,7 +89,9 @@ def main() -> None:
     parser.add_argument("--family", default="eagle3", help="train.drafter of every row")
     parser.add_argument("--only", nargs="*", help="rows to run after the first, in this order (default: all)")
     parser.add_argument(
-        "--json", type=Path, help="also write every row's figures here; a rerun keeps the rows it holds with the same settings"
+        "--json",
+        type=Path,
+        help="also write every row's figures here; a rerun keeps the rows it holds with the same settings",
     )
     parser.add_argument("--tau-prompts", type=int, default=16, help="held-out prompts τ is measured on")
     args = parser.parse_args()
