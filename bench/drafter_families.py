@@ -28,10 +28,9 @@ import logging
 import tempfile
 from pathlib import Path
 
-from train_recipe import link_stages, train_variant, variant_dir
+from train_recipe import link_stages, online_base, train_variant, variant_dir
 
 from eyas import eval as evaluation
-from eyas.config import load_config
 from eyas.eval.llamacpp_engine import is_drafted, measure
 from eyas.eval.prompts import load_eval_prompts
 from eyas.paths import RunPaths
@@ -101,10 +100,7 @@ def main() -> None:
     parser.add_argument("--tau-prompts", type=int, default=16, help="held-out prompts training measures τ on")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    base_config = load_config(Path(args.run))
-    if base_config.extract.mode != "online":
-        raise SystemExit(f"{args.run}: bench/drafter_families.py trains online; set extract.mode: online")
-    base = base_config.train.model_dump() | {"cache_states": True, "tau_prompts": args.tau_prompts}
+    base_config, base = online_base(args.run, "drafter_families.py", args.tau_prompts)
     work = Path(tempfile.mkdtemp(prefix="eyas-families-"))
     cfg = base_config.eval
     print(

@@ -25,9 +25,7 @@ import random
 import tempfile
 from pathlib import Path
 
-from train_recipe import link_stages, train_variant, variant_dir
-
-from eyas.config import load_config
+from train_recipe import link_stages, online_base, train_variant, variant_dir
 
 LEVERS: dict[str, dict] = {
     "today's default (kl_div, geometric, AdamW)": {},
@@ -96,14 +94,8 @@ def main() -> None:
     parser.add_argument("--tau-prompts", type=int, default=16, help="held-out prompts τ is measured on")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    base_config = load_config(Path(args.run))
-    if base_config.extract.mode != "online":
-        raise SystemExit(f"{args.run}: bench/recipe_2026.py trains online; set extract.mode: online")
-    base = base_config.train.model_dump() | {
-        "cache_states": True,
-        "tau_prompts": args.tau_prompts,
-        "drafter": args.family,
-    }
+    base_config, base = online_base(args.run, "recipe_2026.py", args.tau_prompts)
+    base["drafter"] = args.family
     levers = LEVERS | FAMILY_LEVERS.get(args.family, {})
     first = next(iter(levers))
     names = [first, *(n for n in (levers if args.only is None else args.only) if n != first)]

@@ -88,6 +88,15 @@ def settings_for(base: dict, change: dict) -> dict:
     return settings
 
 
+def online_base(config_path: str, script: str, tau_prompts: int):
+    """A finished run's config and the train section every row starts from: states cached (each
+    row trains online, running the target once), τ on ``tau_prompts`` held-out prompts."""
+    base_config = load_config(Path(config_path))
+    if base_config.extract.mode != "online":
+        raise SystemExit(f"{config_path}: bench/{script} trains online; set extract.mode: online")
+    return base_config, base_config.train.model_dump() | {"cache_states": True, "tau_prompts": tau_prompts}
+
+
 def variant_dir(work: Path, name: str) -> Path:
     run_dir = work / "".join(c if c.isalnum() else "_" for c in name)
     run_dir.mkdir()
@@ -280,11 +289,7 @@ def main() -> None:
     parser.add_argument("--tau-prompts", type=int, default=16, help="held-out prompts τ is measured on")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    base_config = load_config(Path(args.run))
-    base = base_config.train.model_dump()
-    base |= {"cache_states": True, "tau_prompts": args.tau_prompts}
-    if base_config.extract.mode != "online":
-        raise SystemExit(f"{args.run}: bench/train_recipe.py trains online; set extract.mode: online")
+    base_config, base = online_base(args.run, "train_recipe.py", args.tau_prompts)
     work = Path(tempfile.mkdtemp(prefix="eyas-recipe-"))
     names = args.only if args.only is not None else list(VARIANTS)
     print(
