@@ -11,6 +11,7 @@ from rich.markup import escape
 
 from eyas.config import (
     ConfigError,
+    ExportConfig,
     RunConfig,
     ScalingConfig,
     TuneConfig,
@@ -195,6 +196,13 @@ def export(
             help="Output directory (default run_dir/export/FORMAT; OUT/FAMILY for a run of several families)."
         ),
     ] = None,
+    gguf_type: Annotated[
+        str | None,
+        typer.Option(
+            "--gguf-type",
+            help="f32, f16, bf16 or q8_0: the drafter's GGUF type (default export.gguf_type, else the target's).",
+        ),
+    ] = None,
     redo: RedoOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -202,7 +210,13 @@ def export(
     from eyas import export as stage
     from eyas import pipeline
 
-    views = _open_run(config, quiet).drafter_views()
+    own = _open_run(config, quiet)
+    if gguf_type is not None:
+        if format != "gguf":
+            raise ConfigError("--gguf-type: the GGUF type is for --format gguf")
+        export_config = parse_section(ExportConfig, {**own.export.model_dump(), "gguf_type": gguf_type}, "--gguf-type")
+        own = own.model_copy(update={"export": export_config})
+    views = own.drafter_views()
     for view in views:
         if format is None and out is None:
             if _ready(view, "export", config, redo):
@@ -291,13 +305,22 @@ def tune(
     threads: Annotated[
         str | None, typer.Option(help="llama-server thread counts to try, comma-separated (default tune.threads).")
     ] = None,
+    target_gguf: Annotated[
+        str | None,
+        typer.Option(
+            "--target-gguf",
+            help="The target file to serve: `shipped` (the GGUF the target ships as) or a .gguf path "
+            "(default tune.target_gguf: the target converted to its checkpoint's precision).",
+        ),
+    ] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """The llama.cpp settings that decode fastest with the drafter on this machine, and whether it pays.
 
-    Races draft length × --spec-draft-p-min × threads against plain decoding and llama.cpp's
-    n-gram methods, then the best setting with several requests in flight; writes tune/report.json,
-    tune/speedup.png and the command into the GGUF export's README."""
+    Races draft length × --spec-draft-p-min × threads × the drafter's GGUF type against plain
+    decoding and llama.cpp's n-gram methods on the target file, then the best setting with several
+    requests in flight; writes tune/report.json, tune/speedup.png and the command into the GGUF
+    export's README."""
     from eyas import tune as stage
 
     own = _open_run(config, quiet)
@@ -309,7 +332,11 @@ def tune(
             changes["threads"] = [int(t) for t in threads.split(",")]
         except ValueError:
             raise ConfigError(f"--threads: {threads!r} is not comma-separated whole numbers (e.g. 2,1)") from None
-    tune_config = parse_section(TuneConfig, {**own.tune.model_dump(), **changes}, "--budget-min, --threads (tune)")
+    if target_gguf is not None:
+        changes["target_gguf"] = target_gguf
+    tune_config = parse_section(
+        TuneConfig, {**own.tune.model_dump(), **changes}, "--budget-min, --threads, --target-gguf (tune)"
+    )
     views = own.drafter_views()
     if draft is not None and len(views) > 1:
         raise ConfigError(f"--draft: {config} trains several drafter families; use it with a config of one family")

@@ -34,6 +34,8 @@ EMBEDDED_TARGET = "embedded"
 DrafterFamily = Literal["eagle3", "dflash", "dspark", "dflash2"]
 LossName = Literal["kl_div", "rkl", "jsd", "tv", "nla", "lk_hybrid", "ce"]
 """The divergences a drafter trains on (:mod:`eyas.drafter.criteria`)."""
+DraftGgufType = Literal["f32", "f16", "bf16", "q8_0"]
+"""The GGUF types llama.cpp's converter writes a drafter in (:data:`eyas.target.llamacpp.DRAFT_TYPES`)."""
 
 
 class TargetConfig(Section):
@@ -581,6 +583,11 @@ class EvalConfig(Section):
         return _p_mins(values)
 
 
+class ExportConfig(Section):
+    gguf_type: DraftGgufType | None = None
+    """`--format gguf` (and `eval.engine: llamacpp`, which serves that file): the drafter's GGUF type (None: the target checkpoint's precision). Verification keeps greedy outputs the target's own whatever the draft's type; a smaller one makes each draft step cheaper, which is what decides whether drafting pays beside a quantized target (`eyas tune` races the types)."""
+
+
 class TuneConfig(Section):
     budget_min: float = Field(default=20.0, gt=0.0)
     """Minutes of measuring `eyas tune` may spend; it reports what it has when they run out."""
@@ -604,6 +611,10 @@ class TuneConfig(Section):
     """Rounds a phase measures at most, separated or not."""
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     """Two-sided confidence of the intervals that decide when the best configuration stands apart."""
+    draft_types: list[DraftGgufType] | None = None
+    """The drafter's GGUF types raced: the coarse grid serves the first, the refinement the best setting at every other (default: the export's type — `export.gguf_type` or the target's precision — then f16 and q8_0)."""
+    target_gguf: str | None = None
+    """The target file every setting is served and checked on: None, the target converted to its checkpoint's precision; `shipped`, the GGUF file the target ships as (the embedded target's Q4_1); or the path of a GGUF file of the same model (the quantization you serve). Lossless means equal to plain decoding of that file."""
 
     @field_validator("p_min")
     @classmethod
@@ -615,6 +626,13 @@ class TuneConfig(Section):
     def _threads_are_positive(cls, values: list[int] | None) -> list[int] | None:
         if values is not None and (not values or any(v < 1 for v in values)):
             raise ValueError(f"thread counts are whole numbers from 1: got {values}")
+        return values if values is None else list(dict.fromkeys(values))
+
+    @field_validator("draft_types")
+    @classmethod
+    def _draft_types_once(cls, values: list[str] | None) -> list[str] | None:
+        if values is not None and not values:
+            raise ValueError("name at least one GGUF type (f32, f16, bf16, q8_0), or leave the key out")
         return values if values is None else list(dict.fromkeys(values))
 
     @field_validator("in_flight")
@@ -673,6 +691,8 @@ class RunConfig(Section):
     """Stage 5: target hidden states."""
     train: TrainConfig = TrainConfig()
     """Stage 6: the drafter (EAGLE-3, DFlash, or each of them)."""
+    export: ExportConfig = ExportConfig()
+    """Stage 6b: the drafter in the layouts engines serve."""
     eval: EvalConfig = EvalConfig()
     """Stage 7: speculative decoding with the trained drafter."""
     tune: TuneConfig = TuneConfig()
@@ -784,6 +804,8 @@ def load_config(path: str | Path) -> RunConfig:
         config.train.init_from = str((base / Path(config.train.init_from).expanduser()).resolve())
     if config.target.llamacpp is not None:
         config.target.llamacpp = os.path.abspath(base / Path(config.target.llamacpp).expanduser())
+    if config.tune.target_gguf not in (None, "shipped"):
+        config.tune.target_gguf = str((base / Path(config.tune.target_gguf).expanduser()).resolve())
     for d in config.datasets:
         # A relative local source is relative to the config file; a hub id stays as it is.
         local = (base / d.source).exists() or Path(d.source).suffix in (".jsonl", ".json", ".parquet")

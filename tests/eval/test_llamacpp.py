@@ -38,17 +38,28 @@ def _greedy_in_llamacpp(server: LlamaServer, prompts: list[list[int]]) -> tuple[
     return outputs, 1 + counters.get("num_accepted_tokens", 0.0) / drafts if drafts else 1.0
 
 
-def test_the_gguf_export_serves_as_its_readme_says_with_the_targets_greedy_outputs(llamacpp, overfit, tmp_path):
+@pytest.mark.parametrize("gguf_type", [None, "q8_0"])
+def test_the_gguf_export_serves_as_its_readme_says_with_the_targets_greedy_outputs(
+    gguf_type, llamacpp, overfit, tmp_path
+):
+    """In the target's precision (f32 here) and in a smaller type (``export.gguf_type``): the
+    target verifies every drafted token, so its greedy outputs are its own either way."""
     prompts, greedy, _, drafter = overfit
     run_dir = tmp_path / "run"
     save_drafter(drafter, run_dir / "train" / "final")
     import eyas.export
 
-    out = eyas.export.export_one(load_tiny(run_dir), "gguf")
+    config = load_tiny(run_dir)
+    config = config.model_copy(update={"export": config.export.model_copy(update={"gguf_type": gguf_type})})
+    out = eyas.export.export_one(config, "gguf")
     readme = (out / "README.md").read_text()
     command = re.search(r"```bash\n(.+?)\n```", readme, re.S).group(1).replace("\\\n", " ")
     assert "--spec-type draft-eagle3 --spec-draft-n-max 3" in command and str(out / "draft.gguf") in command
-    assert "-f32.gguf" in command, "the target in the drafter's precision (f32 for the embedded target)"
+    assert "-f32.gguf" in command, "the target in its checkpoint's precision (f32 for the embedded target)"
+    assert f"drafter in {gguf_type or 'f32'}, target in f32" in readme
+    if gguf_type == "q8_0":
+        f32_draft = eyas.export.export_one(load_tiny(run_dir), "gguf", tmp_path / "f32") / "draft.gguf"
+        assert (out / "draft.gguf").stat().st_size < 0.4 * f32_draft.stat().st_size
     with served(command + " --metrics -t 2", timeout_s=120) as base:
         for prompt, reference in zip(prompts, greedy):
             body = {"prompt": prompt, "n_predict": OVERFIT_NEW, "temperature": 0, "return_tokens": True}

@@ -273,7 +273,7 @@ def test_a_gguf_readme_says_when_eyas_could_not_tell_that_llamacpp_serves_it(tmp
         tmp_path / "t.gguf",
         None,
         tmp_path / "d.gguf",
-        "f32",
+        ("f32", "f32"),
         3,
         "draft-eagle3",
         "EAGLE-3",

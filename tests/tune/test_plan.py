@@ -49,23 +49,25 @@ def test_ratios_pair_each_wave_with_the_anchors_same_wave():
 
 
 def test_cells_round_trip_through_their_keys():
-    for cell in [Cell(PLAIN, 2), Cell("ngram-mod", 1, 4), Cell(DRAFT, 2, 1, 3, 0.65)]:
+    for cell in [Cell(PLAIN, 2), Cell("ngram-mod", 1, 4), Cell(DRAFT, 2, 1, 3, 0.65, "q8_0")]:
         assert Cell.from_key(cell.key) == cell
 
 
 def test_the_coarse_grid_has_the_corners_and_the_baselines():
-    cells = coarse(2, 4, [0.0, 0.5])
-    drafted = {(c.n, c.p_min) for c in cells if c.drafted}
-    assert drafted == {(n, p) for n in (1, 2, 4) for p in (0.0, 0.5)}
+    cells = coarse(2, 4, [0.0, 0.5], "f32")
+    drafted = {(c.n, c.p_min, c.gguf) for c in cells if c.drafted}
+    assert drafted == {(n, p, "f32") for n in (1, 2, 4) for p in (0.0, 0.5)}
     assert {c.method for c in cells if not c.drafted} == {PLAIN, "ngram-mod", "ngram-simple"}
 
 
-def test_the_refinement_looks_around_the_best_and_at_the_other_thread_counts():
-    best = Cell(DRAFT, 2, 1, 2, 0.5)
-    cells = refine(best, 4, [0.0, 0.5], 0.15, [2, 1])
-    assert {(c.n, c.p_min) for c in cells if c.threads == 2} == {(n, p) for n in (1, 2, 3) for p in (0.35, 0.5, 0.65)}
-    assert {c for c in cells if c.threads == 1} == {Cell(DRAFT, 1, 1, 2, 0.5), Cell(PLAIN, 1)}
-    only_zero = refine(Cell(DRAFT, 2, 1, 1, 0.0), 3, [0.0], 0.15, [2])
+def test_the_refinement_looks_around_the_best_and_at_the_other_thread_counts_and_draft_types():
+    best = Cell(DRAFT, 2, 1, 2, 0.5, "f32")
+    cells = refine(best, 4, [0.0, 0.5], 0.15, [2, 1], ["f32", "q8_0"])
+    in_f32 = {(c.n, c.p_min) for c in cells if c.threads == 2 and c.gguf == "f32"}
+    assert in_f32 == {(n, p) for n in (1, 2, 3) for p in (0.35, 0.5, 0.65)}
+    assert {c for c in cells if c.threads == 1} == {Cell(DRAFT, 1, 1, 2, 0.5, "f32"), Cell(PLAIN, 1)}
+    assert {c for c in cells if c.gguf == "q8_0"} == {Cell(DRAFT, 2, 1, n, 0.5, "q8_0") for n in (1, 2, 3)}
+    only_zero = refine(Cell(DRAFT, 2, 1, 1, 0.0, "f32"), 3, [0.0], 0.15, [2], ["f32"])
     assert {c.p_min for c in only_zero} == {0.0}, "a family without a threshold is never served one"
 
 

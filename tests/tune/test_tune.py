@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 TUNE = (
     "tune: {max_prompts: 3, max_new_tokens: 16, max_draft_tokens: 2, p_min: [0.5], threads: [THREADS], "
-    "in_flight: [2], min_rounds: 2, max_rounds: 2}\n"
+    "in_flight: [2], min_rounds: 2, max_rounds: 2, draft_types: [f32, q8_0]}\n"
 )
 
 
@@ -40,10 +40,10 @@ def test_tune_races_the_settings_and_a_planted_difference_fails_its_cell(overfit
     report = tune.run(_config(tmp_path, overfit[3], 2), quiet=True)
     assert [p["name"] for p in report["phases"]] == ["coarse", "refine", "load"]
     cells = report["cells"]
-    assert {"plain t=2 np=1", "ngram-mod t=2 np=1", "ngram-simple t=2 np=1", "draft n=2 p-min=0.5 t=2 np=1"} <= set(
-        cells
-    )
-    assert "draft n=1 p-min=0.65 t=2 np=1" in cells, "the refinement looks p_min_step either side of the best"
+    coarse = {"plain t=2 np=1", "ngram-mod t=2 np=1", "ngram-simple t=2 np=1", "draft n=2 p-min=0.5 gguf=f32 t=2 np=1"}
+    assert coarse <= set(cells)
+    assert "draft n=1 p-min=0.65 gguf=f32 t=2 np=1" in cells, "the refinement looks p_min_step either side of the best"
+    assert any("gguf=q8_0" in key for key in cells), "the refinement serves the best setting in the other GGUF type"
     assert any(key.endswith("np=2") for key in cells), "the drafter is measured with 2 requests in flight"
     for key, c in cells.items():
         assert not c["lossless"]["mismatched"] and c["lossless"]["checked"] >= 3, key
@@ -68,6 +68,30 @@ def test_tune_races_the_settings_and_a_planted_difference_fails_its_cell(overfit
     again = tune.run(_config(tmp_path, overfit[3], 2), quiet=True)
     assert again["cells"][best]["lossless"]["mismatched"] == [prompt]
     assert again["best"] not in (best, None), "a setting whose output differs is never recommended"
+
+
+def test_tune_on_the_shipped_quantized_target_races_the_drafters_gguf_types_losslessly(overfit, tmp_path):  # noqa: F811
+    """Almost every llama.cpp user serves a quantized target; tune measured only the converted f32
+    file, and with the drafter in the target's precision only. On the shipped Q4_1, each GGUF type
+    of the drafter is checked against plain decoding of that same Q4_1 file."""
+    from eyas import tune
+    from eyas.target import embedded_gguf
+
+    config = _config(tmp_path, overfit[3], 2)
+    lean = {"in_flight": [], "max_draft_tokens": 1, "p_min": [0.0], "target_gguf": "shipped"}
+    config = config.model_copy(update={"tune": config.tune.model_copy(update=lean)})
+    report = tune.run(config, quiet=True)
+    assert report["target"] == str(embedded_gguf())
+    assert set(report["drafts"]) == {"f32", "q8_0"} and report["drafts"]["q8_0"].endswith("-q8_0.gguf")
+    drafted = {key for key in report["cells"] if key.startswith("draft ")}
+    assert drafted == {"draft n=1 p-min=0 gguf=f32 t=2 np=1", "draft n=1 p-min=0 gguf=q8_0 t=2 np=1"}
+    for key, c in report["cells"].items():
+        assert not c["lossless"]["mismatched"] and c["lossless"]["checked"] >= 3, key
+    log = (tmp_path / "run" / "tune" / "llama-server-draft-n1-p-min0-ggufq8_0-t2-np1.log").read_text()
+    assert "SmolLM2-135M-Instruct.Q4_1.gguf" in log and "-q8_0.gguf" in log
+    if report["command"]:
+        gguf = report["best"].split("gguf=")[1].split(" ")[0]
+        assert f"-m {embedded_gguf()} " in report["command"] and report["drafts"][gguf] in report["command"]
 
 
 def test_tune_never_reads_back_what_another_thread_count_measured(overfit, tmp_path):  # noqa: F811

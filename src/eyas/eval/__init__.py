@@ -237,8 +237,9 @@ def require_drafter(config: RunConfig, drafter_dir: Path) -> None:
 def _in_llamacpp(config: RunConfig, drafter_dir: Path, prompts: list[EvalPrompt], paths: RunPaths, steps: int) -> dict:
     """The drafter eyas evaluated, in ``llama-server``, drafting 1 … ``steps`` tokens: the GGUF files
     ``eyas export --format gguf`` writes and its README serves — the conversions of
-    :mod:`eyas.target.llamacpp`, cached by content, in the precision the target's checkpoint
-    declares (not the one eyas computes in here: f32 on a CPU)."""
+    :mod:`eyas.target.llamacpp`, cached by content: the target in the precision its checkpoint
+    declares (not the one eyas computes in here: f32 on a CPU), the drafter in
+    ``export.gguf_type``."""
     from eyas.eval.llamacpp_engine import measure, server_threads
 
     llamacpp, ggufs, draft = served_ggufs(config, drafter_dir)
@@ -264,9 +265,11 @@ def _in_llamacpp(config: RunConfig, drafter_dir: Path, prompts: list[EvalPrompt]
     return {**json.loads(cached.read_text()), "result_file": cached.name}
 
 
-def served_ggufs(config: RunConfig, drafter_dir: Path):
-    """The llama.cpp build, the target's GGUF files and the drafter's (converted from
-    ``drafter_dir``, cached by content) in the precision the target's checkpoint declares."""
+def served_ggufs(config: RunConfig, drafter_dir: Path, gguf_type: str | None = None):
+    """The llama.cpp build, the target's GGUF files (converted in the precision its checkpoint
+    declares) and the drafter's, converted from ``drafter_dir`` (cached by content) in
+    ``gguf_type`` — by default ``export.gguf_type``, the file ``eyas export --format gguf``
+    writes — or, without either, the target's precision."""
     from eyas.drafter.layout import dtype_name, target_dtype
     from eyas.target import load_model_config
     from eyas.target.llamacpp import GGUF_TYPES, draft_gguf, find_llamacpp, target_ggufs
@@ -274,7 +277,7 @@ def served_ggufs(config: RunConfig, drafter_dir: Path):
     llamacpp = find_llamacpp(config.target.llamacpp)
     outtype = GGUF_TYPES[dtype_name(target_dtype(load_model_config(config.target)))]
     ggufs = target_ggufs(config.target, llamacpp, outtype)
-    return llamacpp, ggufs, draft_gguf(llamacpp, drafter_dir, ggufs)
+    return llamacpp, ggufs, draft_gguf(llamacpp, drafter_dir, ggufs, gguf_type or config.export.gguf_type)
 
 
 def llamacpp_configurations(config: RunConfig, drafter_dir: Path, draft: Path, steps: int) -> dict[str, list[str]]:

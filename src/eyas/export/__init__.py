@@ -53,6 +53,7 @@ CONTRACT = StageContract(
         **target_identity(c.target),
         "export formats": formats_for(c),
         "eval.num_draft_tokens": c.eval.num_draft_tokens,
+        **({"export.gguf_type": c.export.gguf_type} if "gguf" in formats_for(c) and c.export.gguf_type else {}),
     },
     lambda c, p: [main_file(p, f) for f in formats_for(c)],
 )
@@ -119,7 +120,8 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
         # Refused here rather than a README whose command aborts the server on its first request.
         support = require_served(config.target, family, list(family.options(spec)))
         unsure = support.reason if support.serves is None else None
-        readme = write_gguf(config.target, weights, spec, dtype, tmp, out.resolve(), steps, unsure)
+        gguf_type = config.export.gguf_type
+        readme = write_gguf(config.target, weights, spec, dtype, gguf_type, tmp, out.resolve(), steps, unsure)
     else:
         architectures = list(getattr(model_config, "architectures", None) or [])
         family.export(format, weights, spec, tmp, dtype, (verifier, architectures), steps)

@@ -45,6 +45,9 @@ CHECKOUT_TREE = Path(__file__).resolve().parents[3] / ".llamacpp" / "llama.cpp"
 SERVER = Path("build") / "bin" / "llama-server"
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 """The GGUF type of a drafter or target in a dtype, as the converter's ``--outtype`` names it."""
+DRAFT_TYPES = ("f32", "f16", "bf16", "q8_0")
+"""The GGUF types the pinned converter writes a drafter in (its ``--outtype`` choices less
+``auto`` and the ternary types, which are for ternary-trained models)."""
 
 
 class LlamaCppError(RuntimeError):
@@ -303,11 +306,12 @@ def target_ggufs(target: TargetConfig, llamacpp: LlamaCpp, outtype: str) -> Targ
     return TargetGgufs(hf_dir, converted, outtype, shipped)
 
 
-def draft_gguf(llamacpp: LlamaCpp, drafter_dir: Path, target: TargetGgufs) -> Path:
-    """The drafter in ``drafter_dir`` (a Hugging Face layout) converted beside ``target``, in its
-    precision, into ``$EYAS_CACHE/gguf/``: keyed by the drafter's content, the target file (the
-    converter reads the target's tokenizer and sizes) and the converter, so ``eyas export --format
-    gguf`` and ``eyas eval --engine llamacpp`` of one drafter serve one file."""
+def draft_gguf(llamacpp: LlamaCpp, drafter_dir: Path, target: TargetGgufs, outtype: str | None = None) -> Path:
+    """The drafter in ``drafter_dir`` (a Hugging Face layout) converted beside ``target`` into
+    ``$EYAS_CACHE/gguf/``, in ``outtype`` (one of :data:`DRAFT_TYPES`; None: the target's
+    precision): keyed by the drafter's content, the target file (the converter reads the target's
+    tokenizer and sizes) and the converter, so ``eyas export --format gguf``, ``eyas eval --engine
+    llamacpp`` and ``eyas tune`` of one drafter in one type serve one file."""
     from eyas.target import cache_root
 
     key = content_hash(
@@ -317,7 +321,8 @@ def draft_gguf(llamacpp: LlamaCpp, drafter_dir: Path, target: TargetGgufs) -> Pa
             "converter": llamacpp.converter_identity(),
         }
     )
-    converted = cache_root() / "gguf" / f"draft-{key[:16]}-{target.outtype}.gguf"
+    outtype = outtype or target.outtype
+    converted = cache_root() / "gguf" / f"draft-{key[:16]}-{outtype}.gguf"
     if not converted.is_file():
-        convert(llamacpp, drafter_dir, converted, target.outtype, target_dir=target.hf_dir)
+        convert(llamacpp, drafter_dir, converted, outtype, target_dir=target.hf_dir)
     return use(converted, cache_root())

@@ -2,9 +2,12 @@
 this machine, and whether serving it pays at all.
 
 Consumes the exported drafter (``--draft DIR``, default eval's) and prompts (the held-out split
-or ``--prompts FILE``, ``tune.max_prompts`` of them). Races cells (:mod:`eyas.tune.plan`):
-plain decoding, llama.cpp's n-gram methods and the drafter at draft lengths × ``--spec-draft-p-min``
-(the family's own threshold) × threads, then the best setting at several requests in flight,
+or ``--prompts FILE``, ``tune.max_prompts`` of them), served beside the target file
+``tune.target_gguf`` names (``--target-gguf``: by default the target converted to its
+checkpoint's precision; ``shipped``, the quantized file it ships as; or a path). Races cells
+(:mod:`eyas.tune.plan`): plain decoding, llama.cpp's n-gram methods and the drafter at draft
+lengths × ``--spec-draft-p-min`` (the family's own threshold) × threads × the drafter's GGUF
+type (``tune.draft_types``), then the best setting at several requests in flight,
 each round side by side (:mod:`eyas.tune.rounds`), until the best stands apart or
 ``tune.budget_min`` runs out. Every cell's output is checked against plain greedy decoding
 (float ties told apart as eval does, :mod:`eyas.eval.llamacpp_engine`); a cell that differs is
@@ -14,8 +17,8 @@ Produces ``<run_dir>/tune/report.json``, ``speedup.png``, a printed table, and, 
 own export, a "Tuned on this machine" section in ``export/gguf/README.md`` with the exact
 command — or the statement that this drafter should not be served here.
 
-Rounds are appended to ``tune/rounds-<key>.jsonl`` as they finish, keyed by the drafter's and
-target's GGUF content, the llama.cpp build, the thread counts, the machine and every setting
+Rounds are appended to ``tune/rounds-<key>.jsonl`` as they finish, keyed by the drafter's GGUF
+files and the target's, the llama.cpp build, the thread counts, the machine and every setting
 that shapes a round: an interrupted tune resumes where it stopped (its decisions are replayed
 from the rounds), and none of another drafter, build, thread count or machine is ever read.
 """
@@ -43,11 +46,12 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Served:
-    """What every round serves: the build, the two GGUF files, the drafter's spec type, the prompts."""
+    """What every round serves: the build, the target's GGUF file, the drafter's in each GGUF type
+    raced (type -> file, the first the coarse grid's), its spec type, the prompts."""
 
     llamacpp: object
     target: Path
-    draft: Path
+    drafts: dict[str, Path]
     spec_type: str
     prompts: list
 
@@ -88,8 +92,12 @@ def run(config: RunConfig, quiet: bool = False) -> dict:
     p_mins = family.llamacpp_p_mins(spec, cfg.p_min)
     prompt_config = config.model_copy(update={"eval": config.eval.model_copy(update={"max_prompts": cfg.max_prompts})})
     prompts = load_eval_prompts(prompt_config, load_tokenizer(config.target))
-    llamacpp, ggufs, draft = evaluation.served_ggufs(config, drafter_dir)
-    served = Served(llamacpp, ggufs.same_precision, draft, family.llamacpp_spec_type, prompts)
+    llamacpp, ggufs, _ = evaluation.served_ggufs(config, drafter_dir)
+    export_type = config.export.gguf_type or ggufs.outtype
+    types = cfg.draft_types or [export_type, "f16", "q8_0"]
+    drafts = {t: evaluation.served_ggufs(config, drafter_dir, t)[2] for t in dict.fromkeys(types)}
+    target = served_target(cfg.target_gguf, ggufs, config.target.model)
+    served = Served(llamacpp, target, drafts, family.llamacpp_spec_type, prompts)
     threads = cfg.threads or sorted({os.cpu_count() or 1, max(1, (os.cpu_count() or 1) // 2)}, reverse=True)
     measured_by = {
         "llama-server": llamacpp.build_identity(),
@@ -98,8 +106,8 @@ def run(config: RunConfig, quiet: bool = False) -> dict:
         "threads": threads,
     }
     key = {
-        "draft": draft.name,
-        "target": ggufs.same_precision.name,
+        "drafts": [d.name for d in drafts.values()],
+        "target": file_identity(target),
         "prompts": [content_hash(p.input_ids) for p in prompts],
         "settings": cfg.model_dump(mode="json", exclude={"budget_min", "threads"}),
         "measured_by": measured_by,
@@ -118,8 +126,9 @@ def run(config: RunConfig, quiet: bool = False) -> dict:
         "drafter": str(drafter_dir),
         "family": family.name,
         "spec_type": family.llamacpp_spec_type,
-        "draft": str(draft),
-        "target": str(ggufs.same_precision),
+        "drafts": {t: str(d) for t, d in drafts.items()},
+        "export_type": export_type,
+        "target": str(target),
         "prompts": len(prompts),
         "max_new_tokens": cfg.max_new_tokens,
         "measured_by": measured_by,
@@ -132,16 +141,50 @@ def run(config: RunConfig, quiet: bool = False) -> dict:
     return finish(config, report, paths, llamacpp, quiet)
 
 
+def served_target(choice: str | None, ggufs, model: str) -> Path:
+    """The target file ``tune.target_gguf`` names (see :class:`eyas.config.TuneConfig`)."""
+    from eyas.config import ConfigError
+
+    if choice is None:
+        return ggufs.same_precision
+    if choice == "shipped":
+        if ggufs.shipped is None:
+            raise ConfigError(
+                f"tune.target_gguf: shipped: the target {model!r} does not ship as a GGUF file; name the "
+                "path of the GGUF you serve, or leave the key out to tune on its converted checkpoint"
+            )
+        return ggufs.shipped
+    path = Path(choice).expanduser()
+    if not path.is_file() or path.suffix != ".gguf":
+        raise ConfigError(f"tune.target_gguf: {choice!r} is not a GGUF file (a path ending .gguf, or `shipped`)")
+    return path.resolve()
+
+
+def file_identity(path: Path) -> str | dict:
+    """A target file as a rounds key holds it: a conversion in eyas's cache by its name, which
+    holds its content (the cache touches what it serves, so its time says nothing); any other
+    file by its name, size and modification time, so a file replaced under the same name is
+    measured afresh without reading gigabytes to hash it."""
+    from eyas.target import cache_root
+
+    if path.parent == cache_root() / "gguf":
+        return path.name
+    stat = path.stat()
+    return {"name": path.name, "bytes": stat.st_size, "modified_ns": stat.st_mtime_ns}
+
+
 def _tune(config, served: Served, race: Race, threads: list[int], longest: int, p_mins: list[float], out_dir: Path):
     """The three phases, each a race, and what they found."""
     cfg = config.tune
     first = threads[0]
     checks = Lossless(config, served, out_dir, first)
-    phases = [_phase("coarse", plan.coarse(first, longest, p_mins), config, served, race, checks, first)]
+    ggufs = list(served.drafts)
+    coarse = plan.coarse(first, longest, p_mins, ggufs[0])
+    phases = [_phase("coarse", coarse, config, served, race, checks, first)]
     best = _best(race, checks, first, drafted=True)
     if best is not None and not race.exhausted:
         baseline = _best(race, checks, first, drafted=False)
-        cells = [best, baseline, *plan.refine(best, longest, p_mins, cfg.p_min_step, threads)]
+        cells = [best, baseline, *plan.refine(best, longest, p_mins, cfg.p_min_step, threads, ggufs)]
         phases.append(_phase("refine", list(dict.fromkeys(cells)), config, served, race, checks, first))
         best = _best(race, checks, first, drafted=True)
     baseline = _best(race, checks, first, drafted=False)
@@ -196,7 +239,7 @@ def _phase(name: str, cells: list[Cell], config, served: Served, race: Race, che
                 config,
                 served.llamacpp,
                 served.target,
-                served.draft,
+                served.drafts,
                 served.spec_type,
                 measuring,
                 served.prompts,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from rich.table import Table
@@ -20,9 +21,12 @@ README_SECTION = "## Tuned on this machine"
 def finish(config, report: dict, paths: RunPaths, llamacpp, quiet: bool) -> dict:
     """Add the verdict and the command to ``report``; write it, its plot and the README section."""
     own_export = config.eval.draft is None and (paths.export("gguf") / "README.md").is_file()
-    draft = paths.export_gguf if own_export else Path(report["draft"])
     report["verdict"] = verdict(report)
-    report["command"] = command(report, llamacpp.server, draft) if serves(report) else None
+    report["command"] = None
+    if serves(report):
+        gguf = Cell.from_key(report["best"]).gguf
+        draft = served_draft(paths, report, gguf) if own_export else Path(report["drafts"][gguf])
+        report["command"] = command(report, llamacpp.server, draft)
     write_json_atomic(paths.tune_dir / "report.json", report)
     plot(report, paths.tune_dir / "speedup.png")
     if own_export:
@@ -35,10 +39,24 @@ def finish(config, report: dict, paths: RunPaths, llamacpp, quiet: bool) -> dict
     return report
 
 
+def served_draft(paths: RunPaths, report: dict, gguf: str) -> Path:
+    """The run's GGUF export of the drafter in type ``gguf``: ``draft.gguf`` when that is the
+    export's type, else a copy of the tuned file beside it, ``draft-<type>.gguf``, so the command
+    names a file of the export that outlives eyas's cache (copied on every tune: the drafter
+    tuned is the one the copy holds)."""
+    if gguf == report["export_type"]:
+        return paths.export_gguf
+    copy = paths.export("gguf") / f"draft-{gguf}.gguf"
+    tmp = copy.with_name(copy.name + ".tmp")
+    shutil.copyfile(report["drafts"][gguf], tmp)
+    tmp.replace(copy)
+    return copy
+
+
 def describe(key: str) -> str:
-    """A cell in words: ``draft length 2, p-min 0.5, 2 threads`` (``, 4 in flight``)."""
+    """A cell in words: ``draft length 2, p-min 0.5, f16 drafter, 2 threads`` (``, 4 in flight``)."""
     cell = Cell.from_key(key)
-    what = {PLAIN: "plain decoding", DRAFT: f"draft length {cell.n}, p-min {cell.p_min:g}"}.get(
+    what = {PLAIN: "plain decoding", DRAFT: f"draft length {cell.n}, p-min {cell.p_min:g}, {cell.gguf} drafter"}.get(
         cell.method, cell.method
     )
     load = f", {cell.in_flight} in flight" if cell.in_flight > 1 else ""
@@ -139,20 +157,23 @@ def table(report: dict) -> Table:
 
 
 def plot(report: dict, path: Path) -> Path:
-    """Speed-up against draft length: one line per p-min (one request in flight), one dashed
-    line per in-flight count at the best setting's p-min; plain decoding and the best draftless
-    method as horizontal lines."""
+    """Speed-up against draft length: one line per p-min and drafter GGUF type (one request in
+    flight), one dashed line per in-flight count at the best setting's; plain decoding and the
+    best draftless method as horizontal lines."""
     fig, ax = subplots(figsize=(7, 4.2))
     cells = {Cell.from_key(k): c for k, c in report["cells"].items()}
     best = Cell.from_key(report["best"]) if report["best"] else None
     threads = best.threads if best else min(c.threads for c in cells)
-    lines: dict[tuple[int, float], list[tuple[int, float]]] = {}
+    lines: dict[tuple[int, float, str], list[tuple[int, float]]] = {}
     for cell, c in cells.items():
         if cell.drafted and cell.threads == threads:
-            lines.setdefault((cell.in_flight, cell.p_min), []).append((cell.n, c["speedup"]))
-    for (load, p_min), points in sorted(lines.items()):
+            lines.setdefault((cell.in_flight, cell.p_min, cell.gguf), []).append((cell.n, c["speedup"]))
+    types = {gguf for _, _, gguf in lines}
+    for (load, p_min, gguf), points in sorted(lines.items()):
         points.sort()
-        label = f"p-min {p_min:g}" + (f", {load} in flight" if load > 1 else "")
+        label = (
+            f"p-min {p_min:g}" + (f", {gguf}" if len(types) > 1 else "") + (f", {load} in flight" if load > 1 else "")
+        )
         ax.plot(*zip(*points), marker="o", linestyle="-" if load == 1 else "--", label=label)
     ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--", label="plain decoding")
     baseline = report["baseline"]

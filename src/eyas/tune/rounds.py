@@ -17,12 +17,13 @@ from eyas.eval.llamacpp_engine import drafting, log_name, spent, start_server
 from eyas.tune.plan import DRAFT, PLAIN, Cell
 
 
-def server_args(cell: Cell, draft: Path, spec_type: str) -> list[str]:
-    """The ``llama-server`` arguments a cell adds to the target's (threads and slots aside)."""
+def server_args(cell: Cell, drafts: dict[str, Path], spec_type: str) -> list[str]:
+    """The ``llama-server`` arguments a cell adds to the target's (threads and slots aside);
+    ``drafts``: the drafter's file in each GGUF type."""
     if cell.method == PLAIN:
         return []
     if cell.method == DRAFT:
-        return drafting(draft, spec_type, cell.n, cell.p_min)
+        return drafting(drafts[cell.gguf], spec_type, cell.n, cell.p_min)
     return ["--spec-type", cell.method]
 
 
@@ -31,7 +32,14 @@ def waves(prompts: list, in_flight: int) -> list[list]:
 
 
 def measure_round(
-    config, llamacpp, target: Path, draft: Path, spec_type: str, cells: list[Cell], prompts: list, out_dir: Path
+    config,
+    llamacpp,
+    target: Path,
+    drafts: dict[str, Path],
+    spec_type: str,
+    cells: list[Cell],
+    prompts: list,
+    out_dir: Path,
 ) -> dict[str, dict]:
     """Cell key -> ``waves`` ([tokens, seconds] each), ``outputs`` (prompt id -> tokens) and
     ``counters`` (llama.cpp's speculative-decoding counters spent in this round)."""
@@ -43,7 +51,7 @@ def measure_round(
                     config,
                     llamacpp,
                     target,
-                    server_args(cell, draft, spec_type),
+                    server_args(cell, drafts, spec_type),
                     prompts,
                     out_dir / log_name(cell.key.replace(" ", "-")),
                     new_tokens,
