@@ -282,3 +282,24 @@ def test_a_gguf_readme_says_when_eyas_could_not_tell_that_llamacpp_serves_it(tmp
     unsure = gguf_readme(*args, "llama.cpp's graph for the plain architecture could not be found")
     assert "**Not checked:**" in unsure and "graph for the plain architecture could not be found" in unsure
     assert "eyas export CONFIG --format vllm" in unsure
+
+
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--format", "gguf", "--gguf-type", "q4_0"], "--gguf-type: invalid config"),
+        (["--gguf-type", "f16"], "--gguf-type: the GGUF type is for --format gguf"),
+    ],
+)
+def test_a_gguf_type_the_converter_cannot_write_is_refused_naming_the_option(args, said, tmp_path):
+    from typer.testing import CliRunner
+
+    from eyas.cli import app
+    from eyas.config import ConfigError
+    from tests.train.conftest import write_config
+
+    (tmp_path / "run").mkdir()
+    result = CliRunner().invoke(app, ["export", str(write_config(tmp_path / "run")), *args, "-q"])
+    assert isinstance(result.exception, ConfigError) and said in str(result.exception)
+    assert "q8_0" in str(result.exception) or "--format gguf" in said
+    assert not (tmp_path / "run" / "export").exists(), "nothing is written"

@@ -59,3 +59,41 @@ def test_the_target_file_tune_serves_is_the_one_named_and_a_wrong_name_names_the
         served_target("shipped", TargetGgufs(tmp_path, converted, "f32", None), "hub/t")
     with pytest.raises(ConfigError, match=r"tune.target_gguf: '\S+missing.gguf' is not a GGUF file"):
         served_target(str(tmp_path / "missing.gguf"), ggufs, "t")
+
+
+def test_with_requests_in_flight_a_setting_is_held_to_plain_decoding_at_its_own_load(tmp_path):
+    """On the shipped Q4_1, plain decoding with 2 requests in flight departed from one-at-a-time
+    decoding on one prompt beyond a float tie, and every cell of the load phase — plain decoding
+    itself among them — was reported as not lossless."""
+    from eyas.config import RunConfig
+    from eyas.eval.prompts import EvalPrompt
+    from eyas.tune import Lossless, Served
+    from eyas.tune.plan import DRAFT, PLAIN, Cell
+
+    prompts = [EvalPrompt("a", "d", [1]), EvalPrompt("b", "d", [2])]
+    served = Served(None, tmp_path / "t.gguf", {}, "draft-eagle3", prompts)
+    checks = Lossless(RunConfig(run_dir=str(tmp_path)), served, tmp_path, 2)
+    far_apart = [[{"id": 5, "logprob": -0.1}, {"id": 7, "logprob": -3.0}]] * 3
+    one_at_a_time = {"a": [1, 2, 3], "b": [4, 5, 6]}
+    batched = {"a": [1, 2, 3], "b": [4, 7, 8]}
+    checks.top2 = {"b": ([4, 5, 6], far_apart)}  # plain's own top two where outputs depart: no tie
+    drafted_alone, drafted_in_flight = Cell(DRAFT, 2, 1, 1, 0.0, "q8_0"), Cell(DRAFT, 2, 2, 1, 0.0, "q8_0")
+    wrong_in_flight = Cell(DRAFT, 2, 2, 2, 0.0, "q8_0")
+    checks.add(
+        {
+            "cells": {
+                Cell(PLAIN, 2).key: {"outputs": one_at_a_time},
+                Cell(PLAIN, 2, 2).key: {"outputs": batched},
+                drafted_alone.key: {"outputs": batched},
+                drafted_in_flight.key: {"outputs": batched},
+                wrong_in_flight.key: {"outputs": {"a": [1, 2, 3], "b": [4, 9, 9]}},
+            }
+        }
+    )
+    assert checks.passes(Cell(PLAIN, 2, 2)) and checks.passes(drafted_in_flight)
+    assert checks.result(drafted_in_flight)["identical"] == 2
+    assert checks.result(wrong_in_flight)["mismatched"] == ["b"]
+    assert checks.result(drafted_alone)["mismatched"] == ["b"], "one request at a time is held to one at a time"
+    assert checks.batched_departures() == {"2": ["b"]}
+    report = {**_report((0.9, 0.85, 0.95), (1.0, 0.98, 1.02)), "batched_departures": {"2": ["b"]}, "prompts": 2}
+    assert "With 2 requests in flight, plain decoding itself departs" in verdict(report)

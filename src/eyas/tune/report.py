@@ -73,6 +73,26 @@ def serves(report: dict) -> bool:
 
 
 def verdict(report: dict) -> str:
+    return _verdict(report) + _batching_note(report)
+
+
+def _batching_note(report: dict) -> str:
+    """What plain decoding itself did with requests in flight, where it departed from decoding
+    one request at a time (see :class:`eyas.tune.Lossless`)."""
+    departures = report.get("batched_departures") or {}
+    if not departures:
+        return ""
+    loads = " and ".join(departures)
+    prompts = sorted({p for ids in departures.values() for p in ids})
+    return (
+        f" With {loads} requests in flight, plain decoding itself departs from one-at-a-time decoding on "
+        f"{len(prompts)} of {report['prompts']} prompts ({', '.join(prompts)}): llama.cpp's batched kernels round "
+        "otherwise on this target file, drafter or not, so a setting at that load is held to plain decoding at "
+        "the same load."
+    )
+
+
+def _verdict(report: dict) -> str:
     cells, best, baseline = report["cells"], report["best"], report["baseline"]
     if best is None:
         return "No drafter setting kept plain decoding's outputs: do not serve this drafter (see the lossless column)."
