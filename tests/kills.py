@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -57,3 +58,19 @@ def command_line(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return b""
+
+
+def kill_engine_child(command: list[str], ready: Callable[[], bool], name: bytes = b"llama-server", **popen):
+    """Start ``command`` and SIGKILL its first ``name`` child (an engine server) once ``ready()``
+    holds; returns the child killed (None if the command ended first), the command's exit code and
+    what it printed, its whitespace collapsed."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+    killed = None
+    while killed is None and proc.poll() is None:
+        servers = [p for p in descendants(proc.pid) if name in command_line(p)]
+        if servers and ready():
+            killed = servers[0]
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.01)
+    said = " ".join(proc.communicate(timeout=600)[0].split())
+    return killed, proc.returncode, said

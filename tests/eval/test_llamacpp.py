@@ -295,28 +295,18 @@ def test_a_llama_server_killed_mid_eval_names_its_log_and_the_rerun_keeps_eyas_o
     """An engine child dying mid-stage must stop eval with its log named (exit 1), keep what eyas
     decoded itself before it, and let the rerun measure llama.cpp afresh and finish."""
     import os
-    import signal
     import subprocess
     import sys
-    import time
 
     from tests.conftest import ROOT
-    from tests.kills import command_line, descendants
+    from tests.kills import kill_engine_child
 
     config = engine_eval_config(tmp_path, overfit[3], "engine: llamacpp, llamacpp_repeats: 1")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "400"}
     command = [sys.executable, "-m", "eyas", "eval", str(config), "-q"]
-    proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killed = None
-    while killed is None and proc.poll() is None:
-        servers = [p for p in descendants(proc.pid) if b"llama-server" in command_line(p)]
-        if servers:
-            killed = servers[0]
-            os.kill(killed, signal.SIGKILL)
-        time.sleep(0.01)
-    said = " ".join(proc.communicate(timeout=600)[0].split())
+    killed, returncode, said = kill_engine_child(command, lambda: True, env=env, cwd=tmp_path)
     assert killed is not None, "the kill must land while eval serves the drafter in llama.cpp"
-    assert proc.returncode == 1 and re.search(r"llama-server \S+ .*last lines of \S+llama-server-\S+\.log", said), said
+    assert returncode == 1 and re.search(r"llama-server \S+ .*last lines of \S+llama-server-\S+\.log", said), said
     (results,) = (tmp_path / "run" / "eval").glob("results-*.jsonl")
     decoded = results.read_text()
     methods = [json.loads(line)["method"] for line in decoded.splitlines()]

@@ -6,10 +6,8 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
@@ -18,7 +16,7 @@ from eyas.config import load_config
 from tests.conftest import ROOT
 from tests.eval.conftest import overfit  # noqa: F401  (the session's overfit drafter)
 from tests.eval.overfit import engine_eval_config
-from tests.kills import command_line, descendants
+from tests.kills import kill_engine_child
 
 pytestmark = pytest.mark.slow
 
@@ -119,19 +117,11 @@ def test_a_llama_server_killed_mid_tune_names_its_log_and_the_rerun_keeps_the_re
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(data))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "400"}
     command = [sys.executable, "-m", "eyas", "tune", str(tmp_path / "run.yaml"), "-q"]
-    proc = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     tune_dir = tmp_path / "run" / "tune"
     rounds = lambda: [line for f in tune_dir.glob("rounds-*.jsonl") for line in f.read_text().splitlines()]  # noqa: E731
-    killed = None
-    while killed is None and proc.poll() is None:
-        servers = [p for p in descendants(proc.pid) if b"llama-server" in command_line(p)]
-        if rounds() and servers:
-            killed = servers[0]
-            os.kill(killed, signal.SIGKILL)
-        time.sleep(0.01)
-    said = " ".join(proc.communicate(timeout=600)[0].split())
+    killed, returncode, said = kill_engine_child(command, lambda: bool(rounds()), env=env, cwd=tmp_path)
     assert killed is not None, "the kill must land while a later round runs"
-    assert proc.returncode == 1 and re.search(r"llama-server \S+ .*last lines of \S+llama-server-\S+\.log", said), said
+    assert returncode == 1 and re.search(r"llama-server \S+ .*last lines of \S+llama-server-\S+\.log", said), said
     recorded = rounds()
     assert recorded, "the rounds measured before the kill survive"
 
