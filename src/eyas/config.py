@@ -35,7 +35,8 @@ DrafterFamily = Literal["eagle3", "dflash", "dspark", "dflash2"]
 LossName = Literal["kl_div", "rkl", "jsd", "tv", "nla", "lk_hybrid", "ce"]
 """The divergences a drafter trains on (:mod:`eyas.drafter.criteria`)."""
 DraftGgufType = Literal["f32", "f16", "bf16", "q8_0"]
-"""The GGUF types llama.cpp's converter writes a drafter in (:data:`eyas.target.llamacpp.DRAFT_TYPES`)."""
+"""The GGUF types llama.cpp's converter writes a drafter in: its ``--outtype`` choices less ``auto``
+and the ternary types, which are for ternary-trained models."""
 
 
 class TargetConfig(Section):

@@ -265,19 +265,26 @@ def _in_llamacpp(config: RunConfig, drafter_dir: Path, prompts: list[EvalPrompt]
     return {**json.loads(cached.read_text()), "result_file": cached.name}
 
 
-def served_ggufs(config: RunConfig, drafter_dir: Path, gguf_type: str | None = None):
-    """The llama.cpp build, the target's GGUF files (converted in the precision its checkpoint
-    declares) and the drafter's, converted from ``drafter_dir`` (cached by content) in
-    ``gguf_type`` — by default ``export.gguf_type``, the file ``eyas export --format gguf``
-    writes — or, without either, the target's precision."""
+def served_ggufs(config: RunConfig, drafter_dir: Path):
+    """The llama.cpp build, the target's GGUF files (:func:`served_target_ggufs`) and the
+    drafter's, converted from ``drafter_dir`` (cached by content) in ``export.gguf_type`` — the
+    file ``eyas export --format gguf`` writes — or, without it, the target's precision."""
+    from eyas.target.llamacpp import draft_gguf
+
+    llamacpp, ggufs = served_target_ggufs(config)
+    return llamacpp, ggufs, draft_gguf(llamacpp, drafter_dir, ggufs, config.export.gguf_type)
+
+
+def served_target_ggufs(config: RunConfig):
+    """The llama.cpp build and the target's GGUF files, converted in the precision its checkpoint
+    declares."""
     from eyas.drafter.layout import dtype_name, target_dtype
     from eyas.target import load_model_config
-    from eyas.target.llamacpp import GGUF_TYPES, draft_gguf, find_llamacpp, target_ggufs
+    from eyas.target.llamacpp import GGUF_TYPES, find_llamacpp, target_ggufs
 
     llamacpp = find_llamacpp(config.target.llamacpp)
     outtype = GGUF_TYPES[dtype_name(target_dtype(load_model_config(config.target)))]
-    ggufs = target_ggufs(config.target, llamacpp, outtype)
-    return llamacpp, ggufs, draft_gguf(llamacpp, drafter_dir, ggufs, gguf_type or config.export.gguf_type)
+    return llamacpp, target_ggufs(config.target, llamacpp, outtype)
 
 
 def llamacpp_configurations(config: RunConfig, drafter_dir: Path, draft: Path, steps: int) -> dict[str, list[str]]:

@@ -45,9 +45,6 @@ CHECKOUT_TREE = Path(__file__).resolve().parents[3] / ".llamacpp" / "llama.cpp"
 SERVER = Path("build") / "bin" / "llama-server"
 GGUF_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 """The GGUF type of a drafter or target in a dtype, as the converter's ``--outtype`` names it."""
-DRAFT_TYPES = ("f32", "f16", "bf16", "q8_0")
-"""The GGUF types the pinned converter writes a drafter in (its ``--outtype`` choices less
-``auto`` and the ternary types, which are for ternary-trained models)."""
 
 
 class LlamaCppError(RuntimeError):
@@ -308,8 +305,8 @@ def target_ggufs(target: TargetConfig, llamacpp: LlamaCpp, outtype: str) -> Targ
 
 def draft_gguf(llamacpp: LlamaCpp, drafter_dir: Path, target: TargetGgufs, outtype: str | None = None) -> Path:
     """The drafter in ``drafter_dir`` (a Hugging Face layout) converted beside ``target`` into
-    ``$EYAS_CACHE/gguf/``, in ``outtype`` (one of :data:`DRAFT_TYPES`; None: the target's
-    precision): keyed by the drafter's content, the target file (the converter reads the target's
+    ``$EYAS_CACHE/gguf/``, in ``outtype`` (one of :data:`eyas.config.DraftGgufType`; None: the
+    target's precision): keyed by the drafter's content, the target file (the converter reads the target's
     tokenizer and sizes) and the converter, so ``eyas export --format gguf``, ``eyas eval --engine
     llamacpp`` and ``eyas tune`` of one drafter in one type serve one file."""
     from eyas.target import cache_root

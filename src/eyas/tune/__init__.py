@@ -79,6 +79,7 @@ def run(config: RunConfig, quiet: bool = False) -> dict:
     from eyas.drafter.families import family_at, options_set
     from eyas.eval.prompts import load_eval_prompts
     from eyas.target import load_tokenizer
+    from eyas.target.llamacpp import draft_gguf
     from eyas.target.llamacpp_support import require_served
 
     cfg = config.tune
@@ -92,10 +93,10 @@ def run(config: RunConfig, quiet: bool = False) -> dict:
     p_mins = family.llamacpp_p_mins(spec, cfg.p_min)
     prompt_config = config.model_copy(update={"eval": config.eval.model_copy(update={"max_prompts": cfg.max_prompts})})
     prompts = load_eval_prompts(prompt_config, load_tokenizer(config.target))
-    llamacpp, ggufs, _ = evaluation.served_ggufs(config, drafter_dir)
+    llamacpp, ggufs = evaluation.served_target_ggufs(config)
     export_type = config.export.gguf_type or ggufs.outtype
     types = cfg.draft_types or [export_type, "f16", "q8_0"]
-    drafts = {t: evaluation.served_ggufs(config, drafter_dir, t)[2] for t in dict.fromkeys(types)}
+    drafts = {t: draft_gguf(llamacpp, drafter_dir, ggufs, t) for t in dict.fromkeys(types)}
     target = served_target(cfg.target_gguf, ggufs, config.target.model)
     served = Served(llamacpp, target, drafts, family.llamacpp_spec_type, prompts)
     threads = cfg.threads or sorted({os.cpu_count() or 1, max(1, (os.cpu_count() or 1) // 2)}, reverse=True)
@@ -178,13 +179,13 @@ def _tune(config, served: Served, race: Race, threads: list[int], longest: int, 
     cfg = config.tune
     first = threads[0]
     checks = Lossless(config, served, out_dir, first)
-    ggufs = list(served.drafts)
-    coarse = plan.coarse(first, longest, p_mins, ggufs[0])
+    types = list(served.drafts)
+    coarse = plan.coarse(first, longest, p_mins, types[0])
     phases = [_phase("coarse", coarse, config, served, race, checks, first)]
     best = _best(race, checks, first, drafted=True)
     if best is not None and not race.exhausted:
         baseline = _best(race, checks, first, drafted=False)
-        cells = [best, baseline, *plan.refine(best, longest, p_mins, cfg.p_min_step, threads, ggufs)]
+        cells = [best, baseline, *plan.refine(best, longest, p_mins, cfg.p_min_step, threads, types)]
         phases.append(_phase("refine", list(dict.fromkeys(cells)), config, served, race, checks, first))
         best = _best(race, checks, first, drafted=True)
     baseline = _best(race, checks, first, drafted=False)
