@@ -11,9 +11,18 @@ tokens), for the drafter ``train/final`` keeps. Each τ comes with its standard 
 row decoded in fewer passes and in more. Rows run one after another in one process, so their
 train CPU seconds compare; run nothing else on the machine meanwhile.
 
+The data levers are rows too (``DATA_LEVERS``): the same training on another corpus that the
+target writes for the row with ``eyas generate``: the base run's train prompts (its held-out
+prompts never answered), or a seeded share of them, answered ``generate.samples_per_prompt``
+times at a temperature above 0, then tokenized. Their cost is the answers and answer tokens the
+target wrote, which the table gives; the rows that ask for several answers to fewer prompts
+cost what one answer to every prompt costs. All data rows share one run directory, so a row takes
+back the answers an earlier row made (generate's own selection) instead of paying for them again.
+
 Usage: ``OMP_NUM_THREADS=2 .venv/bin/python bench/recipe_2026.py --run runs/demo/demo.yaml
-[--family eagle3] [--only NAME ...] [--json FILE]``. A demo-sized row takes 5 to 12 minutes on 2 cores;
-with ``--json`` an interrupted bench reruns only the rows it has not recorded with these settings.
+[--family eagle3] [--only NAME ...] [--json FILE]``. A demo-sized row takes 5 to 12 minutes on 2 cores,
+a data row as much again for the answers it makes; with ``--json`` an interrupted bench reruns only
+the rows it has not recorded with these settings.
 """
 
 from __future__ import annotations
@@ -25,7 +34,13 @@ import random
 import tempfile
 from pathlib import Path
 
-from train_recipe import link_stages, online_base, train_variant, variant_dir
+import pyarrow as pa
+import pyarrow.compute as pc
+from train_recipe import assemble_corpus, link_stages, online_base, read_tables, train_variant, variant_dir
+
+from eyas.config import RunConfig
+from eyas.merge.plan import base_prompt_id, hash64
+from eyas.paths import RunPaths
 
 LEVERS: dict[str, dict] = {
     "today's default (kl_div, geometric, AdamW)": {},
@@ -45,6 +60,23 @@ FAMILY_LEVERS: dict[str, dict[str, dict]] = {
     "eagle3": {"norm_before_fc (EAGLE-3.1 as llama.cpp serves it)": {"eagle3": {"norm_before_fc": True}}},
 }
 """Rows only a family has."""
+
+DATA_LEVERS: dict[str, dict] = {
+    "answers: 1 per prompt at temperature 0.7": {"temperature": 0.7, "samples_per_prompt": 1, "share": 1.0},
+    "answers: 2 per prompt at 0.7, half the prompts": {"temperature": 0.7, "samples_per_prompt": 2, "share": 0.5},
+    "answers: 4 per prompt at 0.7, a quarter of the prompts": {
+        "temperature": 0.7,
+        "samples_per_prompt": 4,
+        "share": 0.25,
+    },
+    "answers: 2 per prompt at 0.7, every prompt (2× the answers)": {
+        "temperature": 0.7,
+        "samples_per_prompt": 2,
+        "share": 1.0,
+    },
+}
+"""Row name → the corpus the target writes for it: ``generate.temperature``,
+``generate.samples_per_prompt`` and the share of the base run's train prompts answered."""
 
 BOOTSTRAP = 2000
 
@@ -81,6 +113,59 @@ def compare(row: list[list[int]], base: list[list[int]], seed: int = 0) -> dict:
     }
 
 
+def answered_corpus(base_config: RunConfig, work: Path, lever: dict) -> tuple[pa.Table, int]:
+    """The row's corpus, tokenized (every row a train sample), and the answer tokens in it.
+
+    The base run's train prompts are its datasets' rows less the prompts its merge held out,
+    taken in a seeded order so a smaller share is a subset of a larger one. They are answered in
+    one run directory for every data row (``work/answers``), by the stages a user runs."""
+    from eyas import generate, tokenize
+
+    base_paths = RunPaths.of(base_config)
+    held_out = {
+        base_prompt_id(i) for i in read_tables(sorted(base_paths.merge_dir.glob("eval-*.parquet")))["id"].to_pylist()
+    }
+    answers = work / "answers"
+    answers.mkdir(exist_ok=True)
+    datasets = []
+    for d in base_config.datasets:
+        rows = [json.loads(line) for line in Path(d.source).read_text().splitlines() if line.strip()]
+        if any("id" not in row for row in rows):
+            raise SystemExit(f"{d.source}: the data rows need prompt rows with their own ids, as the demo's")
+        train = sorted((r for r in rows if r["id"] not in held_out), key=lambda r: hash64(0, "share", r["id"]))
+        kept = train[: round(lever["share"] * len(train))]
+        source = answers / f"{d.name}.jsonl"
+        source.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+        datasets.append(d.model_copy(update={"source": str(source), "max_prompts": None}))
+    sampling = {"temperature": lever["temperature"], "samples_per_prompt": lever["samples_per_prompt"]}
+    config = base_config.model_copy(
+        update={
+            "run_dir": str(answers),
+            "datasets": datasets,
+            "generate": base_config.generate.model_copy(update=sampling),
+        }
+    )
+    generate.run(config, quiet=True)
+    tokenize.run(config, quiet=True)
+    table = read_tables([RunPaths.of(config).tokenized(d.name) for d in datasets])
+    return table, int(pc.sum(table["completion_tokens"]).as_py())
+
+
+def data_row(base_config: RunConfig, work: Path, name: str, settings: dict) -> dict:
+    table, answer_tokens = answered_corpus(base_config, work, DATA_LEVERS[name])
+    run_dir = variant_dir(work, name)
+    assemble_corpus(base_config, run_dir, table)
+    return train_variant(base_config, run_dir, settings) | {"answers": table.num_rows, "answer_tokens": answer_tokens}
+
+
+def answers(row: dict, base_config: RunConfig) -> str:
+    """What the target wrote for the row's corpus; the base run's own for the training rows."""
+    if "answers" not in row:
+        table = read_tables(sorted(RunPaths.of(base_config).merge_dir.glob("train-*.parquet")))
+        row = row | {"answers": table.num_rows, "answer_tokens": int(pc.sum(table["completion_tokens"]).as_py())}
+    return f"{row['answers']} ({row['answer_tokens']:,})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--run", required=True, help="config of a run whose merge is done")
@@ -96,7 +181,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     base_config, base = online_base(args.run, "recipe_2026.py", args.tau_prompts)
     base["drafter"] = args.family
-    levers = LEVERS | FAMILY_LEVERS.get(args.family, {})
+    levers = LEVERS | FAMILY_LEVERS.get(args.family, {}) | {n: {} for n in DATA_LEVERS}
     first = next(iter(levers))
     names = [first, *(n for n in (levers if args.only is None else args.only) if n != first)]
     if unknown := [n for n in names if n not in levers]:
@@ -107,15 +192,19 @@ def main() -> None:
         f"τ on {args.tau_prompts} held-out prompts, {base['tau_draft_tokens']} draft tokens, "
         f"{base['tau_new_tokens']} new tokens each; Δτ paired against the first row\n"
     )
-    print("| setting | τ ± SE | Δτ ± SE (paired) | prompts better / worse | best step | train CPU s |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| setting | τ ± SE | Δτ ± SE (paired) | prompts better / worse | best step | train CPU s | answers (tokens) |"
+    )
+    print("|---|---|---|---|---|---|---|")
     recorded = json.loads(args.json.read_text()) if args.json and args.json.is_file() else {}
     results = {}
     for name in names:
         settings = base | levers[name]
-        as_recorded = json.loads(json.dumps(settings, default=str))
+        as_recorded = json.loads(json.dumps({**settings, **DATA_LEVERS.get(name, {})}, default=str))
         if recorded.get(name, {}).get("settings") == as_recorded:
             r = recorded[name]
+        elif name in DATA_LEVERS:
+            r = data_row(base_config, work, name, settings) | {"settings": as_recorded}
         else:
             run_dir = variant_dir(work, name)
             link_stages(base_config, run_dir, ("merge", "tokenize", "generate"))
@@ -124,7 +213,7 @@ def main() -> None:
         results[name] = r | c
         print(
             f"| {name} | {c['tau']:.3f} ± {c['se']:.3f} | {c['delta']:+.3f} ± {c['delta_se']:.3f} | "
-            f"{c['better']} / {c['worse']} | {r['best_step']} | {r['cpu']:.0f} |",
+            f"{c['better']} / {c['worse']} | {r['best_step']} | {r['cpu']:.0f} | {answers(r, base_config)} |",
             flush=True,
         )
         if args.json:

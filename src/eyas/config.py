@@ -237,6 +237,8 @@ class GenerateConfig(Section):
     """Sampling seed."""
     stop: list[str] = []
     """Extra stop strings."""
+    samples_per_prompt: int = Field(default=1, ge=1)
+    """Answers generated to each prompt of a regenerated dataset (needs temperature > 0): more target-written data from the same prompts. All answers to one prompt land on the same side of merge's split."""
     batch_size: int = Field(default=16, ge=1)
     """Local and vLLM backends: prompts per batch (local: left-padded, sorted by length; vLLM batches continuously within it)."""
     tensor_parallel_size: int = Field(default=1, ge=1)
@@ -254,6 +256,16 @@ class GenerateConfig(Section):
                         f"{key} moved to generate.{MOVED_TO_HTTP[key]} (HTTP-only keys live under generate.http)"
                     )
         return data
+
+    @model_validator(mode="after")
+    def _samples_need_sampling(self) -> GenerateConfig:
+        if self.samples_per_prompt > 1 and self.temperature == 0:
+            raise ValueError(
+                f"samples_per_prompt {self.samples_per_prompt} at temperature 0 would be one greedy answer "
+                f"{self.samples_per_prompt} times; set generate.temperature above 0 "
+                "or samples_per_prompt to 1"
+            )
+        return self
 
     @model_validator(mode="after")
     def _http_needs_endpoint(self) -> GenerateConfig:

@@ -40,6 +40,9 @@ class PromptRecord:
     answer: Message | None = None
     """The row's own assistant turn answering `messages`, for datasets used as they are
     (`regenerate: false`); earlier turns then stay as the row has them."""
+    sample: int = 0
+    """Which of `generate.samples_per_prompt` answers to the row this asks for (0: the first,
+    whose `prompt_id` is the row's; see :func:`sample_prompt_id`)."""
 
     @property
     def record_id(self) -> str:
@@ -49,6 +52,31 @@ class PromptRecord:
 
 def record_id(dataset: str, prompt_id: str) -> str:
     return f"{dataset}/{prompt_id}"
+
+
+SAMPLE_MARK = "~"
+"""Between a row's id and the number of a further answer to it: `<id>~<j>`, and `<id>~<j>#<turn>`
+for a conversation's turns, so each answer keeps its own conversation."""
+
+
+def sample_prompt_id(prompt_id: str, sample: int) -> str:
+    """The prompt id of answer ``sample`` to a row: the row's own for the first (so a run that
+    asks for more answers keeps the ones it has), ``<id>~<sample>`` before any turn number after."""
+    if sample == 0:
+        return prompt_id
+    head, sep, turn = prompt_id.rpartition("#")
+    if sep and turn.isdigit():
+        return f"{head}{SAMPLE_MARK}{sample}#{turn}"
+    return f"{prompt_id}{SAMPLE_MARK}{sample}"
+
+
+def row_prompt_id(prompt_id: str) -> str:
+    """The row a prompt id answers: its turn and sample numbers dropped (`<id>~<j>#<turn>` → `<id>`),
+    so every turn and every answer of one row is held out, or subset, together."""
+    head, sep, turn = prompt_id.rpartition("#")
+    prompt_id = head if sep and turn.isdigit() else prompt_id
+    head, sep, sample = prompt_id.rpartition(SAMPLE_MARK)
+    return head if sep and sample.isdigit() else prompt_id
 
 
 @dataclass

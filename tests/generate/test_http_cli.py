@@ -232,3 +232,13 @@ def test_ctrl_c_saves_finished_work_and_the_rerun_completes(tmp_path):
         fake.release.set()
         assert eyas("generate", config, "-q").returncode == 0
     assert sorted(r["prompt_id"] for r in records(tmp_path)) == sorted(f"p{i}" for i in range(40))
+
+
+def test_plan_counts_every_answer_asked_of_each_prompt(tmp_path):
+    """With ``generate.samples_per_prompt`` the plan prices k requests per prompt, not one."""
+    from eyas.config import load_config
+    from eyas.generate.http.commands import plan_inputs
+
+    config = write_config(tmp_path, "http://127.0.0.1:9/v1", ["a", "b"], temperature=0.7, samples_per_prompt=3)
+    (inputs,) = plan_inputs(load_config(config))
+    assert inputs.prompts == 6

@@ -309,3 +309,40 @@ def test_tools_and_sampling_settings_reach_the_server(tmp_path):
     )
     [record] = lines(tmp_path / "run" / "generate" / "t.jsonl")
     assert record["tools"] == tools and record["content"] == "answer to: what time is it"
+
+
+def test_several_answers_to_a_conversation_each_keep_their_own_turns_and_seed(tmp_path):
+    """``generate.samples_per_prompt`` over HTTP: each answer is a request of its own with its own
+    seed (one seed for identical requests would buy one answer k times from a seeded server), and
+    each answer's later turn continues that answer's conversation."""
+    conv = {
+        "id": "c",
+        "messages": [
+            {"role": "user", "content": "first"},
+            {"role": "assistant", "content": "old answer"},
+            {"role": "user", "content": "second"},
+            {"role": "assistant", "content": "old answer 2"},
+        ],
+    }
+    source = write_jsonl(tmp_path / "conv.jsonl", [conv])
+    fake = FakeOpenAI()
+    with FakeServer(fake) as server:
+        config = make_config(
+            tmp_path,
+            server.base_url,
+            ["unused"],
+            temperature=0.7,
+            seed=5,
+            samples_per_prompt=2,
+            datasets=[{"name": "mt", "source": str(source), "multi_turn": "all"}],
+        )
+        generate.run(config, quiet=True)
+    records = {r["prompt_id"]: r for r in lines(tmp_path / "run" / "generate" / "mt.jsonl")}
+    assert set(records) == {"c#0", "c~1#0", "c#1", "c~1#1"}
+    for sample in ("c", "c~1"):
+        assert records[f"{sample}#1"]["messages"][1] == {
+            "role": "assistant",
+            "content": records[f"{sample}#0"]["content"],
+        }
+    seeds = sorted((len(b["messages"]), b["seed"]) for b in fake.bodies)
+    assert seeds == [(1, 5), (1, 6), (3, 5), (3, 6)]

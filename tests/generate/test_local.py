@@ -181,3 +181,44 @@ def test_a_hub_target_whose_branch_moved_is_not_mixed_with_its_earlier_answers(t
     settings.write_text(json.dumps({k: v for k, v in recorded.items() if k != "commit"}))
     assert subprocess.run(cmd, env=env, capture_output=True, cwd=tmp_path).returncode == 0
     assert json.loads(settings.read_text())["commit"] == second
+
+
+def test_several_answers_per_prompt_are_distinct_records_kept_when_the_count_changes(tmp_path):
+    """``generate.samples_per_prompt``: k sampled answers to each prompt, each its own record
+    (the first keeps the prompt's id); raising k makes only the new ones, lowering it sets the
+    extra ones aside, and raising it again takes them back instead of paying for them twice."""
+    config = load_config(make_config(tmp_path, n=2, max_tokens=12, temperature=1.0, samples_per_prompt=2))
+    path = RunPaths.of(config).generations("qa")
+    generate.run(config, quiet=True)
+    records = {r.id: r for r in read_records(path)}
+    firsts = [i for i in records if "~" not in i]
+    assert len(firsts) == 2 and set(records) == {*firsts, *(f"{i}~1" for i in firsts)}
+    assert all(records[f"{i}~1"].messages == records[i].messages for i in firsts)
+    assert any(records[f"{i}~1"].token_ids != records[i].token_ids for i in firsts), "samples of one prompt differ"
+    assert read_marker(RunPaths.of(config).marker("generate"))["fingerprint"]["generate.samples_per_prompt"] == 2
+    (status,) = collect(config)
+    assert (status.prompts, status.done) == (4, 4)
+
+    more = load_config(make_config(tmp_path, n=2, max_tokens=12, temperature=1.0, samples_per_prompt=3))
+    generate.run(more, quiet=True)
+    after = {r.id: r for r in read_records(path)}
+    assert set(after) == {*records, *(f"{i}~2" for i in firsts)}
+    assert all(after[i].token_ids == records[i].token_ids for i in records)
+
+    one = load_config(make_config(tmp_path, n=2, max_tokens=12, temperature=1.0))
+    generate.run(one, quiet=True)
+    assert {r.id for r in read_records(path)} == set(firsts)
+    assert "generate.samples_per_prompt" not in read_marker(RunPaths.of(one).marker("generate"))["fingerprint"]
+    generate.run(more, quiet=True)
+    assert {r.id: r.token_ids for r in read_records(path)} == {i: r.token_ids for i, r in after.items()}
+
+
+def test_several_greedy_answers_to_one_prompt_are_refused_naming_the_keys(tmp_path):
+    config_path = make_config(tmp_path, samples_per_prompt=3)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "300"}
+    result = subprocess.run(
+        [sys.executable, "-m", "eyas", "generate", str(config_path)], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 2, result.stderr
+    assert "generate" in result.stderr and "samples_per_prompt 3 at temperature 0" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()

@@ -174,3 +174,31 @@ def test_held_out_prompts_take_each_dataset_in_turn(tmp_path, corpus_rows):
     source = {r["id"]: r for rows in corpus_rows.values() for r in rows}
     for rid, _, prompt in every:
         assert prompt == source[rid]["input_ids"][: source[rid]["loss_mask"].index(1)]
+
+
+def test_every_answer_to_a_prompt_lands_on_its_side_and_is_decoded_once(tmp_path, corpus_rows):
+    """``generate.samples_per_prompt`` writes ``<id>~<j>`` beside ``<id>``: held out by the row,
+    so no answer to a held-out prompt is trained on, and eval decodes that prompt once."""
+    from eyas.records import sample_prompt_id
+
+    rows = []
+    for row in corpus_rows["chat"]:
+        for j in range(3):
+            rows.append({**row, "id": "chat/" + sample_prompt_id(row["id"].split("/", 1)[1], j)})
+    config, paths = make_run(tmp_path, {"chat": rows}, eval_count=2)
+    merge.run(config, quiet=True)
+    held_out, train = list(iter_split(paths, "eval")), list(iter_split(paths, "train"))
+    assert len(held_out) == 6
+    assert len({base_prompt_id(r["id"]) for r in held_out}) == 2
+    assert not {base_prompt_id(r["id"]) for r in held_out} & {base_prompt_id(r["id"]) for r in train}
+    assert len(held_out_prompts(paths, None)) == 2
+
+
+def test_a_rows_prompt_id_drops_its_turn_and_answer_numbers():
+    from eyas.records import row_prompt_id, sample_prompt_id
+
+    assert sample_prompt_id("abc", 0) == "abc" and sample_prompt_id("abc", 2) == "abc~2"
+    assert sample_prompt_id("abc#1", 2) == "abc~2#1"
+    for prompt_id in ("abc", "abc~2", "abc#1", "abc~2#1"):
+        assert row_prompt_id(prompt_id) == "abc" and base_prompt_id(f"ds/{prompt_id}") == "abc"
+    assert row_prompt_id("a~b") == "a~b" and row_prompt_id("q#x") == "q#x"

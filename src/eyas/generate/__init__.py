@@ -25,8 +25,8 @@ from eyas.generate.store import (
     scan,
     settings_changes,
 )
+from eyas.generate.wanted import wanted
 from eyas.paths import RunPaths
-from eyas.prompts import iter_prompts
 from eyas.prompts.sources import source_identity
 from eyas.records import PromptRecord
 from eyas.stage import StageContract, StageError, begin, file_digest, flat, read_marker, spent
@@ -109,6 +109,8 @@ def fingerprint(config: RunConfig) -> dict:
         if not d.regenerate:  # named only when set, so runs made before the key existed stay current
             prompts["regenerate"] = False
         keys |= flat(f"datasets[{d.name}]", prompts)
+    if config.generate.samples_per_prompt != 1:  # named only when set, as above
+        keys["generate.samples_per_prompt"] = config.generate.samples_per_prompt
     return keys
 
 
@@ -178,7 +180,7 @@ def _reconcile(config: RunConfig, paths: RunPaths) -> None:
     """Each dataset's file holds exactly today's selection (:mod:`eyas.generate.selection`)."""
     settings = sampling_settings(config)
     for dataset in config.datasets:
-        reconcile(dataset, paths, settings)
+        reconcile(dataset, paths, settings, config.generate.samples_per_prompt)
 
 
 def _guard_settings(config: RunConfig, paths: RunPaths, redo: bool) -> None:
@@ -229,7 +231,9 @@ def _generate_datasets(config: RunConfig, paths: RunPaths, quiet: bool, generato
 
     for dataset in config.regenerated:
         state = scan(paths.generations(dataset.name))
-        pending: list[PromptRecord] = [p for p in iter_prompts(dataset) if p.record_id not in state.done]
+        pending: list[PromptRecord] = [
+            p for p in wanted(dataset, config.generate.samples_per_prompt) if p.record_id not in state.done
+        ]
         if not pending:
             log.info("%s: all prompts already generated", dataset.name)
             continue
@@ -267,7 +271,7 @@ def _generate_datasets(config: RunConfig, paths: RunPaths, quiet: bool, generato
                         "%s: %d turns wait for earlier turns that could not be generated", dataset.name, len(waiting)
                     )
                     break
-                jobs = [Job(p, m, generator.encode_prompt(m, p.tools)) for p, m in ready]
+                jobs = [Job(p, m, generator.encode_prompt(m, p.tools), salt=p.sample) for p, m in ready]
                 run_jobs(
                     generator,
                     jobs,

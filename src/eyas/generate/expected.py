@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from eyas.config import RunConfig
 from eyas.generate.http.budget import estimate_prompt_tokens
 from eyas.generate.store import read_records, scan
+from eyas.generate.wanted import wanted
 from eyas.paths import RunPaths
-from eyas.prompts import iter_prompts
 
 RECORD_BYTES_PER_TOKEN = 16
 """A record's bytes per answer token beyond its prompt's JSON: the text (about 4 bytes a token,
@@ -47,7 +47,7 @@ def expected(config: RunConfig) -> Expected:
         answered = {r.id: r for r in read_records(path)}
         mine: list[int] = []
         output = sum(r.usage.completion_tokens for r in answered.values())
-        for prompt in iter_prompts(dataset, report=False):
+        for prompt in wanted(dataset, config.generate.samples_per_prompt, report=False):
             if prompt.record_id in answered:
                 mine.append(_tokens(answered[prompt.record_id]))
                 continue

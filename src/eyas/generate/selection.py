@@ -27,9 +27,9 @@ from eyas.config import DatasetConfig
 from eyas.files import fsync_file, write_text_atomic
 from eyas.generate.as_is import PROVIDER, answer_record
 from eyas.generate.store import DatasetProgress, conversation_for, read_records, save_settings
+from eyas.generate.wanted import wanted
 from eyas.jsonl import recover
 from eyas.paths import RunPaths
-from eyas.prompts import iter_prompts
 from eyas.records import GenerationRecord, PromptRecord
 
 log = logging.getLogger(__name__)
@@ -39,12 +39,13 @@ SETTINGS = "settings.json"
 superseded folder (:func:`eyas.generate._guard_settings` moves it along with the records)."""
 
 
-def reconcile(dataset: DatasetConfig, paths: RunPaths, settings: dict) -> tuple[int, int]:
-    """Make the dataset's records file hold only today's selection; returns (set aside, taken back)."""
+def reconcile(dataset: DatasetConfig, paths: RunPaths, settings: dict, samples_per_prompt: int) -> tuple[int, int]:
+    """Make the dataset's records file hold only today's selection (``samples_per_prompt`` answers
+    to each prompt); returns (set aside, taken back)."""
     path = paths.generations(dataset.name)
     recover(path)
     records = list(read_records(path))
-    prompts = {p.record_id: p for p in iter_prompts(dataset)}
+    prompts = {p.record_id: p for p in wanted(dataset, samples_per_prompt)}
     kept, aside = _split(dataset, prompts, records)
     reused = [] if not dataset.regenerate else list(_take_back(dataset, prompts, kept, paths, settings))
     if not aside and not reused:

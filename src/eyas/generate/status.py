@@ -8,9 +8,10 @@ from rich.table import Table
 
 from eyas.config import RunConfig
 from eyas.generate.store import scan
+from eyas.generate.wanted import wanted
 from eyas.jsonl import read_jsonl
 from eyas.paths import RunPaths
-from eyas.prompts import PromptStats, iter_prompts
+from eyas.prompts import PromptStats
 
 
 @dataclass
@@ -29,7 +30,7 @@ def collect(config: RunConfig) -> list[DatasetStatus]:
     rows = []
     for d in config.datasets:
         stats = PromptStats()
-        turns = sum(1 for _ in iter_prompts(d, stats))
+        turns = sum(1 for _ in wanted(d, config.generate.samples_per_prompt, stats))
         progress = scan(paths.generations(d.name))
         errors_path = paths.generation_errors(d.name)
         errors = sum(1 for _ in read_jsonl(errors_path)) if errors_path.exists() else 0

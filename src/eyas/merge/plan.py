@@ -13,6 +13,8 @@ import math
 import numpy as np
 import pyarrow as pa
 
+from eyas.records import row_prompt_id
+
 
 def hash64(seed: int, purpose: str, key: str) -> int:
     """A stable 64-bit hash: the one source of randomness in the merge."""
@@ -26,14 +28,13 @@ def unit(seed: int, purpose: str, key: str) -> float:
 
 
 def base_prompt_id(sample_id: str) -> str:
-    """The conversation a sample belongs to: ``<dataset>/<prompt>#<turn>`` → ``<prompt>``.
+    """The row a sample answers: ``<dataset>/<prompt>~<answer>#<turn>`` → ``<prompt>``.
 
-    All turns of one conversation share it, so holding out by it never splits a conversation,
-    and the same prompt in two datasets lands on the same side.
+    All turns of one conversation and all answers to one prompt share it, so holding out by it
+    never splits a conversation or trains on another answer to a held-out prompt, and the same
+    prompt in two datasets lands on the same side.
     """
-    prompt = sample_id.split("/", 1)[1] if "/" in sample_id else sample_id
-    head, sep, turn = prompt.rpartition("#")
-    return head if sep and turn.isdigit() else prompt
+    return row_prompt_id(sample_id.split("/", 1)[1] if "/" in sample_id else sample_id)
 
 
 def eval_count(num_prompts: int, fraction: float, count: int | None) -> int:

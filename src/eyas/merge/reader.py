@@ -77,11 +77,18 @@ def held_out_prompts(paths: RunPaths, limit: int | None) -> list[tuple[str, str,
     """(id, dataset, prompt ids) of at most ``limit`` eval-split rows that have a prompt and an
     answer, taken from each source dataset in turn (in the split's order within each), so every
     dataset is measured even when one dominates the split. A row's prompt is its tokens before
-    the first trainable one (loss mask 1), the ids the drafter sees in training, template included."""
+    the first trainable one (loss mask 1), the ids the drafter sees in training, template included.
+    A dataset's prompt is taken once: several answers to it (``generate.samples_per_prompt``) are
+    one prompt to decode."""
     per_dataset: dict[str, list[tuple[str, str, list[int]]]] = {}
+    seen: set[tuple[str, tuple[int, ...]]] = set()
     for row in iter_split(paths, "eval", columns=["id", "dataset", "input_ids", "loss_mask"]):
         mask, rows = row["loss_mask"], per_dataset.setdefault(row["dataset"], [])
-        if 1 in mask and mask.index(1) > 0 and (limit is None or len(rows) < limit):
-            rows.append((row["id"], row["dataset"], list(row["input_ids"][: mask.index(1)])))
+        if 1 not in mask or mask.index(1) == 0 or (limit is not None and len(rows) >= limit):
+            continue
+        prompt = tuple(row["input_ids"][: mask.index(1)])
+        if (row["dataset"], prompt) not in seen:
+            seen.add((row["dataset"], prompt))
+            rows.append((row["id"], row["dataset"], list(prompt)))
     chosen = [row for turn in itertools.zip_longest(*per_dataset.values()) for row in turn if row is not None]
     return chosen if limit is None else chosen[:limit]

@@ -112,6 +112,8 @@ class Job:
     key: object
     messages: list[dict]
     prompt_ids: list[int]
+    salt: int = 0
+    """Tells apart jobs with the same ids (several answers to one prompt) in the sampling seed."""
 
 
 class BatchGenerator(Protocol):
@@ -140,7 +142,9 @@ def run_jobs(
             return
         batch = ordered[start : start + size]
         # The seed depends on the batch's content, not its position, so a resumed run samples alike.
-        batch_seed = seed + sum(hash(tuple(j.prompt_ids)) & 0xFFFF for j in batch)
+        batch_seed = seed + sum(
+            hash((tuple(j.prompt_ids), j.salt) if j.salt else tuple(j.prompt_ids)) & 0xFFFF for j in batch
+        )
         completions = generator.generate_batch([j.prompt_ids for j in batch], batch_seed)
         for job, completion in zip(batch, completions, strict=True):
             on_done(job, completion)

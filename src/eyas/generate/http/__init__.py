@@ -26,8 +26,8 @@ from eyas.generate.http.budget import Ledger, Pricing
 from eyas.generate.http.errlog import ErrorLog, compact
 from eyas.generate.http.errors import RequestFailure, RunStopped
 from eyas.generate.store import RecordWriter, scan
+from eyas.generate.wanted import wanted
 from eyas.paths import RunPaths
-from eyas.prompts import iter_prompts
 from eyas.stage import StageError
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ async def _run(config: RunConfig, paths: RunPaths, api_key: str | None, quiet: b
         try:
             for d in config.regenerated:
                 progress = scan(paths.generations(d.name))
-                pending = _count_pending(d, progress.done)
+                pending = _count_pending(d, g.samples_per_prompt, progress.done)
                 errors = ErrorLog(paths.generation_errors(d.name), progress.done)
                 writer = RecordWriter(paths.generations(d.name), progress)
                 datasets.append(DatasetRun(d, progress, writer, errors, pending))
@@ -150,13 +150,13 @@ async def _run(config: RunConfig, paths: RunPaths, api_key: str | None, quiet: b
         raise engine.stop_reason
 
 
-def _count_pending(dataset, done: set[str]) -> int:
-    """Prompts left to do, for ETA and cost projection; quiet, since the feeding pass reports skipped rows."""
+def _count_pending(dataset, samples_per_prompt: int, done: set[str]) -> int:
+    """Answers left to make, for ETA and cost projection; quiet, since the feeding pass reports skipped rows."""
     prompts_log = logging.getLogger("eyas.prompts")
     level = prompts_log.level
     prompts_log.setLevel(logging.ERROR)
     try:
-        return sum(1 for p in iter_prompts(dataset) if p.record_id not in done)
+        return sum(1 for p in wanted(dataset, samples_per_prompt) if p.record_id not in done)
     finally:
         prompts_log.setLevel(level)
 

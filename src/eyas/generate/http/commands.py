@@ -25,8 +25,8 @@ from eyas.generate.http.providers import (
     provider_object,
 )
 from eyas.generate.store import read_records
+from eyas.generate.wanted import wanted
 from eyas.paths import RunPaths
-from eyas.prompts import iter_prompts
 
 
 async def _fetch(base_url: str, model: str, api_key: str | None) -> list[Endpoint]:
@@ -69,7 +69,7 @@ def plan_inputs(config: RunConfig) -> list[DatasetInputs]:
     out = []
     for d in config.regenerated:
         prompts, estimated = 0, 0
-        for p in iter_prompts(d):
+        for p in wanted(d, g.samples_per_prompt):
             prompts += 1
             estimated += estimate_prompt_tokens(p.messages, p.tools)
         seen, prompt_tokens, output_tokens = 0, 0, 0

@@ -38,8 +38,8 @@ from eyas.generate.http.retry import RetryPolicy
 from eyas.generate.http.servers import ServerPool
 from eyas.generate.http.slots import Slots
 from eyas.generate.store import DatasetProgress, RecordWriter, conversation_for, make_record
+from eyas.generate.wanted import wanted
 from eyas.paths import RunPaths
-from eyas.prompts import iter_prompts
 from eyas.records import GenerationRecord, PromptRecord, Usage
 
 log = logging.getLogger(__name__)
@@ -186,7 +186,7 @@ class Engine:
         A dataset whose target may be reached by what it has in flight is set aside, not
         waited on, so the others keep the slots busy until its answers tell whether it needs more.
         """
-        prompts = {ds.name: iter_prompts(ds.config) for ds in self.datasets}
+        prompts = {ds.name: wanted(ds.config, self.g.samples_per_prompt) for ds in self.datasets}
         open_ = list(self.datasets)
         while open_ and self.stop_reason is None:
             self._changed.clear()  # before feeding: an outcome arriving meanwhile must wake the wait below
@@ -272,6 +272,8 @@ class Engine:
 
     async def _request(self, ds: DatasetRun, prompt: PromptRecord, messages: list[dict], key: str) -> None:
         body = {**self.template, "messages": messages}
+        if prompt.sample:  # identical requests with one seed would get one answer from a seeded server
+            body["seed"] = self.template["seed"] + prompt.sample
         if prompt.tools:
             body["tools"] = prompt.tools
         started = time.monotonic()
