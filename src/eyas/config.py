@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
@@ -398,13 +398,20 @@ class DFlash2Config(DFlashConfig):
 
 
 class Eagle3Config(Section):
-    """EAGLE-3's optional normalisations; both on is EAGLE-3.1 as speculators (PR 610), SpecForge and
-    NeMo train it. Both off (the default) is EAGLE-3 as published."""
+    """EAGLE-3's optional normalisations; `norm_before_fc` and `norm_output` on is EAGLE-3.1 as
+    speculators (PR 610), SpecForge and NeMo train it, and speculators' own trainer adds
+    `norm_before_residual`. All off (the default) is EAGLE-3 as published."""
 
     norm_before_fc: bool = False
     """RMSNorm over the concatenated aux states before `fc` (weight `input_norm.weight`): the target's layers differ in scale by orders of magnitude, and the norm lets each feed `fc` alike. vLLM and llama.cpp read it."""
     norm_output: bool = False
     """Feed the layer's post-norm state, not its pre-norm one, to the next drafting step (and to `lm_head` without a second norm), so the state's magnitude does not drift across steps. vLLM reads it; the pinned llama.cpp does not (it feeds the pre-norm state back), so a GGUF export of such a drafter is refused."""
+    norm_before_residual: bool = False
+    """The attention's residual is the drafter's hidden state after its norm (`hidden_norm`), not before: speculators' trainer's default. vLLM and llama.cpp read it."""
+
+    ADDED_LATER: ClassVar[dict[str, Any]] = {"norm_before_residual": False}
+    """Keys at the value every drafter had before the key existed: left out of train's fingerprint
+    there, so a drafter trained before stays current."""
 
 
 RECIPE_BEFORE: dict[str, Any] = {"loss": "kl_div", "position_weighting": "geometric", "optimizer": "adamw"}
@@ -489,6 +496,16 @@ class TrainConfig(Section):
     def loss_terms(self) -> dict[str, float]:
         """``train.loss`` as ``{name: weight}``."""
         return {self.loss: 1.0} if isinstance(self.loss, str) else dict(self.loss)
+
+    def fingerprinted(self, left_out: set[str]) -> dict[str, Any]:
+        """The section as train's fingerprint holds it: less ``left_out`` and less the keys of
+        its sub-sections still at the value they had before they existed (``ADDED_LATER``)."""
+        dumped = self.model_dump(mode="json", exclude=left_out)
+        for name, section in dumped.items():
+            for key, before in getattr(getattr(self, name), "ADDED_LATER", {}).items():
+                if section.get(key, before) == before:
+                    section.pop(key, None)
+        return dumped
 
     def unused_recipe_keys(self) -> set[str]:
         """Recipe keys that do not change what is trained: a setting of a loss, weighting or

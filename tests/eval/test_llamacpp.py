@@ -130,16 +130,17 @@ def test_a_block_drafter_export_serves_in_llamacpp_losslessly_and_accepts_what_e
 
 
 def test_eagle3_1_with_norm_before_fc_serves_in_llamacpp_and_norm_output_is_refused(model, overfit, tmp_path):
-    """EAGLE-3.1's norm before ``fc`` is read by llama.cpp: served losslessly, accepted as in eyas's
-    own decoder. Its post-norm feedback is not (the pinned graph feeds the pre-norm state back), so
-    a drafter trained with it gets no GGUF export and no llama.cpp eval, and the error says why."""
+    """EAGLE-3.1's norm before ``fc`` and speculators' normed residual are read by llama.cpp: served
+    losslessly, accepted as in eyas's own decoder. EAGLE-3.1's post-norm feedback is not (the pinned
+    graph feeds the pre-norm state back), so a drafter trained with it gets no GGUF export and no
+    llama.cpp eval, and the error says why."""
     import eyas.export
     from eyas import eval as stage
     from eyas.config import ConfigError
 
     prompts, greedy, _, _ = overfit
     sequences = [p + g for p, g in zip(prompts, greedy)]
-    normed = overfit_drafter(model, sequences, eagle3={"norm_before_fc": True})
+    normed = overfit_drafter(model, sequences, eagle3={"norm_before_fc": True, "norm_before_residual": True})
     config = engine_eval_config(tmp_path / "fc", normed, "engine: llamacpp, llamacpp_repeats: 1")
     report = stage.run(load_config(config), quiet=True)
     section, own = report["llamacpp"], report["methods"]["eagle3"]

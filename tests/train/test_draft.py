@@ -1,5 +1,6 @@
 """The incremental DraftSession reproduces the training unroll exactly (the shifting rules), for
-EAGLE-3 and for EAGLE-3.1 (norm before ``fc``, post-norm state fed back)."""
+EAGLE-3, EAGLE-3.1 (norm before ``fc``, post-norm state fed back) and speculators' trainer's
+default (EAGLE-3.1 with the normed state as the attention's residual)."""
 
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ def sequence(tokenizer, model):
 
 
 EAGLE3_1 = {"norm_before_fc": True, "norm_output": True}
+SWITCHES = {"eagle3": {}, "eagle3.1": EAGLE3_1, "speculators": {**EAGLE3_1, "norm_before_residual": True}}
 
 
-@pytest.fixture(scope="module", params=["eagle3", "eagle3.1"])
+@pytest.fixture(scope="module", params=list(SWITCHES))
 def drafter(model, request):
-    return small_drafter(model, eagle3=EAGLE3_1 if request.param == "eagle3.1" else {})
+    return small_drafter(model, eagle3=SWITCHES[request.param])
 
 
 def training_probs(drafter, aux, ids, row):

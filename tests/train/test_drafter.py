@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from eyas.config import TrainConfig
@@ -84,3 +85,52 @@ def test_eagle3_1_options_round_trip_through_every_layout_that_reads_them(model,
             assert torch.equal(a, b) and not torch.allclose(a, c)
     save_drafter(plain, tmp_path / "plain")
     assert not {"norm_before_fc", "norm_output"} & set(json.loads((tmp_path / "plain" / "config.json").read_text()))
+
+
+def test_norm_before_residual_changes_the_layer_and_round_trips(model, tmp_path):
+    """speculators' trainer's default: the attention's residual is the normed hidden state. Written
+    where vLLM and llama.cpp's converter read it, read back, and a different function from the same
+    weights without it."""
+    from eyas.drafter.families import EAGLE3, read_spec
+
+    drafter = small_drafter(model, eagle3={"norm_before_residual": True})
+    with torch.no_grad():
+        drafter.midlayer.hidden_norm.weight.uniform_(0.5, 1.5)
+    weights = drafter.trainable_state_dict()
+    save_drafter(drafter, tmp_path / "sglang")
+    EAGLE3.export("speculators", weights, drafter.spec, tmp_path / "speculators", torch.float32, ("embedded", []), 3)
+    for layout in ("sglang", "speculators"):
+        assert json.loads((tmp_path / layout / "config.json").read_text())["norm_before_residual"] is True
+        assert read_spec(tmp_path / layout).norm_before_residual
+    loaded = load_drafter(tmp_path / "speculators", model).eval()
+    plain = small_drafter(model)
+    plain.load_state_dict(drafter.state_dict())
+    aux, ids = torch.randn(1, 6, 3 * 576), torch.randint(0, 49152, (1, 6))
+    with torch.no_grad():
+        for a, b, c in zip(drafter.unroll(aux, ids, 3), loaded.unroll(aux, ids, 3), plain.unroll(aux, ids, 3)):
+            assert torch.equal(a, b) and not torch.allclose(a, c)
+
+
+def test_a_drafter_saved_by_speculators_own_trainer_loads_as_written(model, tmp_path):
+    """speculators 0.9's trainer names its drafters ``Eagle3DraftModel``, writes RoPE only as
+    transformers 5's ``rope_parameters`` and ``target_hidden_size: null``, and sets EAGLE-3.1's
+    switches and ``norm_before_residual``: eyas refused the name, and read past it would have run
+    RoPE at base 10,000 without the switches. A switch eyas does not implement is refused."""
+    from eyas.drafter.families import EAGLE3, read_spec
+
+    drafter = small_drafter(model, eagle3={"norm_before_fc": True, "norm_output": True, "norm_before_residual": True})
+    EAGLE3.export("speculators", drafter.trainable_state_dict(), drafter.spec, tmp_path, torch.float32, ("t", []), 3)
+    config = json.loads((tmp_path / "config.json").read_text())
+    layer = config["transformer_layer_config"]
+    theta = layer.pop("rope_theta")
+    layer.pop("rope_scaling", None)
+    layer["rope_parameters"] = {"rope_theta": theta, "rope_type": "default"}
+    config |= {"architectures": ["Eagle3DraftModel"], "target_hidden_size": None, "fc_norm": False}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = read_spec(tmp_path)
+    assert spec == drafter.spec
+    assert spec.rope_parameters["rope_theta"] == 100000.0 and spec.target_hidden_size == 576
+
+    (tmp_path / "config.json").write_text(json.dumps(config | {"fc_norm": True}))
+    with pytest.raises(ValueError, match="fc_norm: true is a drafter eyas cannot run"):
+        read_spec(tmp_path)

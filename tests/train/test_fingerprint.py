@@ -64,6 +64,16 @@ def test_eagle3_1_options_retrain_eagle3_only_and_leave_eagle3_drafters_current(
     assert status(tmp_path / "dflash", drafter="dflash", eagle3={"norm_output": True}).status == "current"
 
 
+def test_an_eagle3_1_drafter_stays_current_when_norm_before_residual_is_added(tmp_path):
+    """``train.eagle3.norm_before_residual`` came after EAGLE-3.1's switches: a drafter trained with
+    them keeps its fingerprint while it is off, and turning it on is named."""
+    finished(tmp_path, eagle3={"norm_before_fc": True})
+    assert status(tmp_path, eagle3={"norm_before_fc": True, "norm_before_residual": False}).status == "current"
+    assert status(tmp_path, eagle3={"norm_before_fc": True, "norm_before_residual": True}).changes == [
+        "train.eagle3.norm_before_residual: (default) → true"
+    ]
+
+
 def test_each_family_reads_only_its_own_settings(tmp_path):
     """DSpark's settings leave EAGLE-3 and DFlash drafters current, and theirs leave DSpark's;
     ``train.draft_vocab_size``, which EAGLE-3 and DSpark both read, retrains both."""

@@ -108,7 +108,11 @@ def read_weights(directory: Path) -> dict[str, torch.Tensor]:
 def sizes_from_keys(llama: dict[str, Any], top: dict[str, Any], aux_layers: list[int]) -> DrafterSpec:
     """The sizes every family's spec has, from the Llama-style keys of its layers (``llama``) and
     the drafter's top-level keys (``top``), as eyas and third-party trainers write them."""
-    rope = {"rope_type": "default", **(llama.get("rope_scaling") or {}), "rope_theta": llama.get("rope_theta", 10000.0)}
+    rope = llama.get("rope_parameters") or {
+        "rope_type": "default",
+        **(llama.get("rope_scaling") or {}),
+        "rope_theta": llama.get("rope_theta", 10000.0),
+    }
     return DrafterSpec(
         vocab_size=llama["vocab_size"],
         draft_vocab_size=top.get("draft_vocab_size") or llama["vocab_size"],

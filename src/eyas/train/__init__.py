@@ -79,7 +79,7 @@ def fingerprint(config: RunConfig) -> dict:
     # Other families' own keys are out, so tuning one never retrains another.
     others = set().union(*(f.reads for f in FAMILIES.values())) - family.reads
     left_out = SPEED_KEYS | TAU_KEYS | others | family.left_out(cfg) | cfg.unused_recipe_keys()
-    keys = {**flat("train", cfg.model_dump(mode="json", exclude=left_out)), "extract.mode": config.extract.mode}
+    keys = {**flat("train", cfg.fingerprinted(left_out)), "extract.mode": config.extract.mode}
     if cfg.init_from:
         from eyas.drafter.layout import content_digest
 

@@ -1,4 +1,4 @@
-"""EAGLE-3 (and EAGLE-3.1, its two optional norms): the model SGLang and vLLM load as
+"""EAGLE-3 (and its optional norms: EAGLE-3.1's two, speculators' trainer's third): the model SGLang and vLLM load as
 ``LlamaForCausalLMEagle3``, its training-time-test objective, its in-process drafting session,
 and its layouts on disk.
 
@@ -9,7 +9,7 @@ Shape (names are the exported weight names):
   hidden states, then ``fc``: Linear(3·H_target → H);
 - ``midlayer``: one Llama decoder layer whose attention input is
   ``cat(input_layernorm(embedding), hidden_norm(hidden))`` (width 2H) and whose residual is
-  the hidden stream, then the usual gated MLP;
+  the hidden stream (its normed copy with ``norm_before_residual``), then the usual gated MLP;
 - ``norm`` and ``lm_head`` over the draft vocabulary; buffers ``d2t`` (draft id + d2t =
   target id) and ``t2d`` (which target ids the draft vocabulary holds).
 
@@ -20,7 +20,8 @@ sequences) and :class:`DraftSession` (incremental, as servers run it); both
 go through :meth:`Midlayer.project` and :meth:`Midlayer.finish`, so they cannot drift apart.
 
 Layouts: the SGLang/vLLM one (training checkpoints and ``train/final`` too, so a checkpoint is
-already servable) and speculators' ``Eagle3Speculator``; foreign drafters in either load too.
+already servable) and speculators' ``Eagle3Speculator``; foreign drafters in either load too,
+speculators' own trainer's (``Eagle3DraftModel``) included.
 
 Layer ids: eyas's ``aux_layers`` are 0-based decoder layers whose *outputs* feed ``fc``. The
 engines number the same tensors two ways, and a mix-up shifts every layer by one (the drafter
@@ -59,7 +60,13 @@ from eyas.target.capture import default_aux_layers, hf_hidden_state_indices
 
 SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
-EAGLE3_1_KEYS = ("norm_before_fc", "norm_output")
+SPECULATORS_TRAINER_ARCH = "Eagle3DraftModel"
+"""What speculators' own trainer (0.9) names the drafters it saves, in the speculators layout."""
+SWITCHES = ("norm_before_fc", "norm_output", "norm_before_residual")
+"""The top-level ``config.json`` switches beyond EAGLE-3 as published (:class:`Eagle3Spec`)."""
+UNSUPPORTED = ("fc_norm",)
+"""Switches third-party trainers write that eyas does not implement: a drafter with one set is
+refused, never run as another function."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,8 @@ class Eagle3Spec(DrafterSpec):
     """EAGLE-3.1: RMSNorm over the concatenated aux states before ``fc``."""
     norm_output: bool = False
     """EAGLE-3.1: the post-norm state is fed back and read by ``lm_head``."""
+    norm_before_residual: bool = False
+    """speculators' trainer's default: the attention's residual is the normed hidden state."""
 
 
 class Midlayer(nn.Module):
@@ -89,6 +98,7 @@ class Midlayer(nn.Module):
         self.input_layernorm = LlamaRMSNorm(h, eps=spec.rms_norm_eps)
         self.hidden_norm = LlamaRMSNorm(h, eps=spec.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(h, eps=spec.rms_norm_eps)
+        self.norm_before_residual = spec.norm_before_residual
 
     def project(self, embeds: torch.Tensor, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Queries [B,heads,T,d] and rotated keys/values [B,kv_heads,T,d] for one drafting step."""
@@ -104,7 +114,8 @@ class Midlayer(nn.Module):
     def finish(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The layer's output hidden state (pre-norm) from the attention result [B,heads,T,d]."""
         b, _, t, _ = attended.shape
-        hidden = hidden + self.self_attn.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
+        residual = self.hidden_norm(hidden) if self.norm_before_residual else hidden
+        hidden = residual + self.self_attn.o_proj(attended.transpose(1, 2).reshape(b, t, -1))
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -329,17 +340,29 @@ def sglang_config(spec: Eagle3Spec, dtype: torch.dtype) -> dict[str, Any]:
         "target_hidden_size": spec.target_hidden_size,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(spec.aux_layers), "use_aux_hidden_state": True},
         "eagle_aux_hidden_state_layer_ids": hf_hidden_state_indices(list(spec.aux_layers)),
-        **eagle3_1_keys(spec),
+        **switch_keys(spec),
     }
 
 
-EAGLE3_1_KEYS = ("norm_before_fc", "norm_output")
-
-
-def eagle3_1_keys(spec: Eagle3Spec) -> dict[str, bool]:
-    """EAGLE-3.1's top-level keys, where vLLM and llama.cpp's converter read them; written only
+def switch_keys(spec: Eagle3Spec) -> dict[str, bool]:
+    """The switches' top-level keys, where vLLM and llama.cpp's converter read them; written only
     when set, so an EAGLE-3 drafter's config is what it always was."""
-    return {key: True for key in EAGLE3_1_KEYS if getattr(spec, key)}
+    return {key: True for key in SWITCHES if getattr(spec, key)}
+
+
+def is_speculators(config: dict[str, Any]) -> bool:
+    """Whether ``config`` is in the speculators layout (exported by eyas or saved by speculators' trainer)."""
+    return config["architectures"][0] in (SPECULATORS_ARCH, SPECULATORS_TRAINER_ARCH)
+
+
+def switches_of(config: dict[str, Any], path: Path) -> dict[str, bool]:
+    """The switches a drafter's ``config.json`` sets; one eyas does not implement is refused by name."""
+    if unsupported := [key for key in UNSUPPORTED if config.get(key)]:
+        raise ValueError(
+            f"{path}: {unsupported[0]}: true is a drafter eyas cannot run (it implements {', '.join(SWITCHES)}); "
+            "it would be scored as another function"
+        )
+    return {key: bool(config.get(key, False)) for key in SWITCHES}
 
 
 def speculators_config(
@@ -351,10 +374,10 @@ def speculators_config(
         "speculators_model_type": "eagle3",
         "transformer_layer_config": {"architectures": ["LlamaForCausalLM"], **llama_keys(spec, dtype)},
         "draft_vocab_size": spec.draft_vocab_size,
-        "norm_before_residual": False,
+        "norm_before_residual": spec.norm_before_residual,
         "target_hidden_size": spec.target_hidden_size,
         "eagle_aux_hidden_state_layer_ids": hf_hidden_state_indices(list(spec.aux_layers)),
-        **eagle3_1_keys(spec),
+        **switch_keys(spec),
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": steps}],
@@ -398,7 +421,7 @@ class Eagle3(Family):
 
     name = "eagle3"
     title = "EAGLE-3"
-    architectures = (SGLANG_ARCH, SPECULATORS_ARCH)
+    architectures = (SGLANG_ARCH, SPECULATORS_ARCH, SPECULATORS_TRAINER_ARCH)
     aux_layer_count = 3
     reads = frozenset({"ttt_steps", "step_weight", "draft_vocab_size", "eagle3"})
     formats = ("sglang", "vllm", "speculators", "gguf")
@@ -435,15 +458,14 @@ class Eagle3(Family):
 
     def read_spec(self, config: dict[str, Any], path: Path, target_layers: int | None) -> Eagle3Spec:
         """SpecForge/SGLang-style (``eagle_config`` ids), vLLM-style (top-level ids only),
-        speculators, and the original EAGLE-3 releases (no ids: the default layers of a
-        ``target_layers``-layer target)."""
+        speculators (eyas's export and speculators' own trainer's), and the original EAGLE-3
+        releases (no ids: the default layers of a ``target_layers``-layer target)."""
         layers = aux_layers_of(config, path, target_layers)
-        llama = config["transformer_layer_config"] if config["architectures"] == [SPECULATORS_ARCH] else config
-        switches = {key: bool(config.get(key, False)) for key in EAGLE3_1_KEYS}
-        return Eagle3Spec(**sizes_from_keys(llama, config, layers).sizes(), **switches)
+        llama = config["transformer_layer_config"] if is_speculators(config) else config
+        return Eagle3Spec(**sizes_from_keys(llama, config, layers).sizes(), **switches_of(config, path))
 
     def weights_from(self, config: dict[str, Any], weights: dict[str, Tensor]) -> dict[str, Tensor]:
-        return from_speculators_keys(weights) if config["architectures"] == [SPECULATORS_ARCH] else weights
+        return from_speculators_keys(weights) if is_speculators(config) else weights
 
     def export(self, format, weights, spec, directory, dtype, verifier, steps) -> None:
         if format != "speculators":
@@ -478,10 +500,10 @@ class Eagle3(Family):
         return {"drafter"} | ({"eagle3"} if train.eagle3 == Eagle3Config() else set())
 
     def options(self, spec: Eagle3Spec) -> dict[str, bool]:
-        return eagle3_1_keys(spec)
+        return switch_keys(spec)
 
     def configured_options(self, train: TrainConfig) -> list[str]:
-        return [key for key in EAGLE3_1_KEYS if getattr(train.eagle3, key)]
+        return [key for key in SWITCHES if getattr(train.eagle3, key)]
 
 
 EAGLE3 = Eagle3()
