@@ -151,6 +151,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -161,21 +162,8 @@ SEED = 42
 DONE = "done.json"
 
 
-# --- speculators' side: runs in .venv-speculators (``--speculators-child``), never imports eyas ---
-
-
-def newton_schulz_float32(grad, ns_coefficients, ns_steps: int, eps: float):
-    """torch's quintic Newton–Schulz orthogonalisation (``torch.optim._muon``), in float32."""
-    import torch
-
-    a, b, c = ns_coefficients
-    tall = grad.size(0) > grad.size(1)
-    x = grad.float().T if tall else grad.float()
-    x = x / x.norm().clamp(min=eps)
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if tall else x
+# --- speculators' side: runs in .venv-speculators (``--speculators-child``); of eyas it imports only
+# the float32 orthogonalisation (a torch-only module, from the source tree) ---
 
 
 def apply_cpu_patches() -> None:
@@ -193,6 +181,9 @@ def apply_cpu_patches() -> None:
 
     trainer.Trainer.__init__ = init
     checkpointer.get_current_device = lambda: "cpu"
+    sys.path.insert(0, str(ROOT / "src"))
+    from eyas.train.optimizer import newton_schulz_float32
+
     muon._zeropower_via_newtonschulz = newton_schulz_float32
     own_synchronize = torch.accelerator.synchronize
 

@@ -39,6 +39,18 @@ FAILURES = [
 ]
 
 
+CONVERSATION = {
+    "id": "c",
+    "messages": [
+        {"role": "user", "content": "first"},
+        {"role": "assistant", "content": "old answer"},
+        {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "old answer 2"},
+    ],
+}
+"""Two turns to regenerate with ``multi_turn: all``: the second must read the model's first answer."""
+
+
 def make_config(tmp_path, base_url, prompts, **generate_overrides):
     source = write_jsonl(tmp_path / "prompts.jsonl", [{"id": f"p{i}", "prompt": p} for i, p in enumerate(prompts)])
     datasets = generate_overrides.pop("datasets", None) or [{"name": "ds", "source": str(source)}]
@@ -175,16 +187,7 @@ def test_output_token_target_stops_launching(tmp_path):
 
 
 def test_multi_turn_conversations_use_the_models_own_earlier_answers(tmp_path):
-    conv = {
-        "id": "c",
-        "messages": [
-            {"role": "user", "content": "first"},
-            {"role": "assistant", "content": "old answer"},
-            {"role": "user", "content": "second"},
-            {"role": "assistant", "content": "old answer 2"},
-        ],
-    }
-    source = write_jsonl(tmp_path / "conv.jsonl", [conv])
+    source = write_jsonl(tmp_path / "conv.jsonl", [CONVERSATION])
     fake = FakeOpenAI()
     with FakeServer(fake) as server:
         config = make_config(
@@ -315,16 +318,7 @@ def test_several_answers_to_a_conversation_each_keep_their_own_turns_and_seed(tm
     """``generate.samples_per_prompt`` over HTTP: each answer is a request of its own with its own
     seed (one seed for identical requests would buy one answer k times from a seeded server), and
     each answer's later turn continues that answer's conversation."""
-    conv = {
-        "id": "c",
-        "messages": [
-            {"role": "user", "content": "first"},
-            {"role": "assistant", "content": "old answer"},
-            {"role": "user", "content": "second"},
-            {"role": "assistant", "content": "old answer 2"},
-        ],
-    }
-    source = write_jsonl(tmp_path / "conv.jsonl", [conv])
+    source = write_jsonl(tmp_path / "conv.jsonl", [CONVERSATION])
     fake = FakeOpenAI()
     with FakeServer(fake) as server:
         config = make_config(
