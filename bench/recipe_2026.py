@@ -57,7 +57,15 @@ LEVERS: dict[str, dict] = {
 """Row name → changes to the config's train section, for every family."""
 
 FAMILY_LEVERS: dict[str, dict[str, dict]] = {
-    "eagle3": {"norm_before_fc (EAGLE-3.1 as llama.cpp serves it)": {"eagle3": {"norm_before_fc": True}}},
+    "eagle3": {
+        "norm_before_fc (EAGLE-3.1 as llama.cpp serves it)": {"eagle3": {"norm_before_fc": True}},
+        "norm_before_fc and norm_before_residual (as llama.cpp serves them)": {
+            "eagle3": {"norm_before_fc": True, "norm_before_residual": True}
+        },
+        "speculators' draft model (EAGLE-3.1 and norm_before_residual)": {
+            "eagle3": {"norm_before_fc": True, "norm_output": True, "norm_before_residual": True}
+        },
+    },
 }
 """Rows only a family has."""
 
