@@ -121,8 +121,8 @@ def compare(row: list[list[int]], base: list[list[int]], seed: int = 0) -> dict:
     }
 
 
-def answered_corpus(base_config: RunConfig, work: Path, lever: dict) -> tuple[pa.Table, int]:
-    """The row's corpus, tokenized (every row a train sample), and the answer tokens in it.
+def answered_corpus(base_config: RunConfig, work: Path, lever: dict) -> pa.Table:
+    """The row's corpus, tokenized (every row a train sample).
 
     The base run's train prompts are its datasets' rows less the prompts its merge held out,
     taken in a seeded order so a smaller share is a subset of a larger one. They are answered in
@@ -155,23 +155,19 @@ def answered_corpus(base_config: RunConfig, work: Path, lever: dict) -> tuple[pa
     )
     generate.run(config, quiet=True)
     tokenize.run(config, quiet=True)
-    table = read_tables([RunPaths.of(config).tokenized(d.name) for d in datasets])
-    return table, int(pc.sum(table["completion_tokens"]).as_py())
+    return read_tables([RunPaths.of(config).tokenized(d.name) for d in datasets])
+
+
+def written(table: pa.Table) -> dict:
+    """What the target wrote for a corpus: its answers and their tokens (the cost a user pays)."""
+    return {"answers": table.num_rows, "answer_tokens": int(pc.sum(table["completion_tokens"]).as_py())}
 
 
 def data_row(base_config: RunConfig, work: Path, name: str, settings: dict) -> dict:
-    table, answer_tokens = answered_corpus(base_config, work, DATA_LEVERS[name])
+    table = answered_corpus(base_config, work, DATA_LEVERS[name])
     run_dir = variant_dir(work, name)
     assemble_corpus(base_config, run_dir, table)
-    return train_variant(base_config, run_dir, settings) | {"answers": table.num_rows, "answer_tokens": answer_tokens}
-
-
-def answers(row: dict, base_config: RunConfig) -> str:
-    """What the target wrote for the row's corpus; the base run's own for the training rows."""
-    if "answers" not in row:
-        table = read_tables(sorted(RunPaths.of(base_config).merge_dir.glob("train-*.parquet")))
-        row = row | {"answers": table.num_rows, "answer_tokens": int(pc.sum(table["completion_tokens"]).as_py())}
-    return f"{row['answers']} ({row['answer_tokens']:,})"
+    return train_variant(base_config, run_dir, settings) | written(table)
 
 
 def main() -> None:
@@ -205,6 +201,8 @@ def main() -> None:
     )
     print("|---|---|---|---|---|---|---|")
     recorded = json.loads(args.json.read_text()) if args.json and args.json.is_file() else {}
+    # The training rows train on the base run's own corpus: what the target wrote for it.
+    own = written(read_tables(sorted(RunPaths.of(base_config).merge_dir.glob("train-*.parquet"))))
     results = {}
     for name in names:
         settings = base | levers[name]
@@ -221,7 +219,8 @@ def main() -> None:
         results[name] = r | c
         print(
             f"| {name} | {c['tau']:.3f} ± {c['se']:.3f} | {c['delta']:+.3f} ± {c['delta_se']:.3f} | "
-            f"{c['better']} / {c['worse']} | {r['best_step']} | {r['cpu']:.0f} | {answers(r, base_config)} |",
+            f"{c['better']} / {c['worse']} | {r['best_step']} | {r['cpu']:.0f} | "
+            f"{r.get('answers', own['answers'])} ({r.get('answer_tokens', own['answer_tokens']):,}) |",
             flush=True,
         )
         if args.json:

@@ -59,24 +59,25 @@ SAMPLE_MARK = "~"
 for a conversation's turns, so each answer keeps its own conversation."""
 
 
+def _numbered(prompt_id: str, mark: str) -> tuple[str, str]:
+    """``(head, mark + number)`` when ``prompt_id`` ends in ``mark`` and a number, else ``(prompt_id, "")``."""
+    head, sep, number = prompt_id.rpartition(mark)
+    return (head, sep + number) if sep and number.isdigit() else (prompt_id, "")
+
+
 def sample_prompt_id(prompt_id: str, sample: int) -> str:
     """The prompt id of answer ``sample`` to a row: the row's own for the first (so a run that
     asks for more answers keeps the ones it has), ``<id>~<sample>`` before any turn number after."""
     if sample == 0:
         return prompt_id
-    head, sep, turn = prompt_id.rpartition("#")
-    if sep and turn.isdigit():
-        return f"{head}{SAMPLE_MARK}{sample}#{turn}"
-    return f"{prompt_id}{SAMPLE_MARK}{sample}"
+    head, turn = _numbered(prompt_id, "#")
+    return f"{head}{SAMPLE_MARK}{sample}{turn}"
 
 
 def row_prompt_id(prompt_id: str) -> str:
     """The row a prompt id answers: its turn and sample numbers dropped (`<id>~<j>#<turn>` → `<id>`),
     so every turn and every answer of one row is held out, or subset, together."""
-    head, sep, turn = prompt_id.rpartition("#")
-    prompt_id = head if sep and turn.isdigit() else prompt_id
-    head, sep, sample = prompt_id.rpartition(SAMPLE_MARK)
-    return head if sep and sample.isdigit() else prompt_id
+    return _numbered(_numbered(prompt_id, "#")[0], SAMPLE_MARK)[0]
 
 
 @dataclass
