@@ -65,6 +65,7 @@ FAMILY_LEVERS: dict[str, dict[str, dict]] = {
         "speculators' draft model (EAGLE-3.1 and norm_before_residual)": {
             "eagle3": {"norm_before_fc": True, "norm_output": True, "norm_before_residual": True}
         },
+        "norm_before_fc and optimizer: muon": {"optimizer": "muon", "eagle3": {"norm_before_fc": True}},
     },
 }
 """Rows only a family has."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import subprocess
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -47,3 +49,19 @@ def fill(where: Path) -> Path:
     finally:
         os.close(fd)
     return ballast
+
+
+def fill_once(proc: subprocess.Popen, ready, where: Path, timeout_s: float = 300) -> Path:
+    """Wait until ``ready()`` (a stage has committed its first unit), then fill ``where``'s disk
+    while ``proc`` is stopped, so its next write is the one that finds the disk full; returns
+    the ballast file."""
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        assert proc.poll() is None, "the stage ended before it committed a unit"
+        assert time.monotonic() < deadline, f"the stage committed no unit in {timeout_s:g} s"
+        time.sleep(0.001)
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        return fill(where)
+    finally:
+        proc.send_signal(signal.SIGCONT)

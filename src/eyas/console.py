@@ -26,6 +26,20 @@ LOG_EVERY_S = 60.0
 """How often progress is logged where stderr is not a terminal."""
 
 
+class RunLog(logging.FileHandler):
+    """``<run_dir>/eyas.log``: a copy of what stderr shows. On a full disk a line is lost from
+    the file alone; the traceback logging prints for each failed line would bury the one message
+    that says the disk is full and how to go on."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        import sys
+
+        from eyas.space import is_disk_full
+
+        if not is_disk_full(sys.exc_info()[1]):
+            super().handleError(record)
+
+
 def setup_logging(log_file: Path | None = None, quiet: bool = False) -> None:
     """Send eyas logs to stderr (warnings only when quiet) and, when given, to ``log_file``."""
     global _file_handler
@@ -42,7 +56,7 @@ def setup_logging(log_file: Path | None = None, quiet: bool = False) -> None:
             root.removeHandler(_file_handler)
             _file_handler.close()
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        _file_handler = logging.FileHandler(log_file, encoding="utf-8")
+        _file_handler = RunLog(log_file, encoding="utf-8")
         _file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         root.addHandler(_file_handler)
 

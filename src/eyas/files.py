@@ -44,6 +44,14 @@ def fsync_tree(path: Path) -> None:
         fsync_dir(Path(root))
 
 
+def naming(error: OSError, path: Path) -> OSError:
+    """``error`` with the file it was about, where the OS left the name out (a write or a flush
+    that finds the disk full names no file), so what eyas says names it."""
+    if error.filename or error.errno is None:
+        return error
+    return OSError(error.errno, error.strerror, str(path))  # the errno picks the subclass, as the OS's own would
+
+
 @contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write; on success it replaces ``path``, durably.
@@ -57,6 +65,9 @@ def atomic_path(path: Path) -> Iterator[Path]:
         yield tmp
         fsync_file(tmp)
         os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise naming(e, path) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

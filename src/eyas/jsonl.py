@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from eyas.files import naming
+
 log = logging.getLogger(__name__)
 
 
@@ -76,20 +78,30 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 class DurableAppender:
-    """Appends whole lines to a file, flushing each write and fsyncing at most every ``sync_every_s``."""
+    """Appends whole lines to a file, each in one write, fsyncing at most every ``sync_every_s``.
+
+    A write that fails (a full disk) takes back what it wrote of its line and raises the
+    ``OSError`` with the file's name, so the file ends with the last whole line either way."""
 
     def __init__(self, path: Path, sync_every_s: float = 1.0):
         path.parent.mkdir(parents=True, exist_ok=True)
         recover(path)
         self.path = path
-        self._file = path.open("a", encoding="utf-8")
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size
         self._sync_every_s = sync_every_s
         self._last_sync = time.monotonic()
 
     def write(self, line: str) -> None:
-        # One write call per record so a crash can tear at most the last line.
-        self._file.write(line + "\n")
-        self._file.flush()
+        whole = (line + "\n").encode("utf-8")
+        data = memoryview(whole)
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError as e:
+            os.ftruncate(self._fd, self._size)
+            raise naming(e, self.path) from None
+        self._size += len(whole)
         if time.monotonic() - self._last_sync >= self._sync_every_s:
             self.sync()
 
@@ -97,14 +109,19 @@ class DurableAppender:
         self.write(json.dumps(obj, ensure_ascii=False, separators=(",", ":")))
 
     def sync(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        try:
+            os.fsync(self._fd)
+        except OSError as e:
+            raise naming(e, self.path) from None
         self._last_sync = time.monotonic()
 
     def close(self) -> None:
-        if not self._file.closed:
-            self.sync()
-            self._file.close()
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def __enter__(self) -> DurableAppender:
         return self

@@ -15,8 +15,10 @@ from eyas.config import load_config
 from eyas.generate.status import collect
 from eyas.generate.store import read_records
 from eyas.paths import RunPaths
+from eyas.space import EXIT_CODE
 from eyas.stage import read_marker
 from tests.conftest import ROOT, write_jsonl
+from tests.disks import fill_once, grow, small_disk
 
 QUESTIONS = [
     "What is 2+2?",
@@ -25,6 +27,12 @@ QUESTIONS = [
     "What is the capital of France?",
     "Count to three.",
     "Name a fruit.",
+    "Name a planet.",
+    "What is 5+5?",
+    "Say goodbye.",
+    "Name an animal.",
+    "What comes after Tuesday?",
+    "Name a tree.",
 ]
 
 
@@ -100,6 +108,45 @@ def test_killed_run_restarts_with_exactly_one_record_per_prompt(tmp_path):
     assert result.returncode == 0, result.stderr
     ids = [r.id for r in read_records(out)]
     assert len(ids) == 6 and len(set(ids)) == 6
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_mid_run_stops_at_a_record_and_resumes_to_an_uninterrupted_runs_records(tmp_path):
+    """A real full disk (a tmpfs filled from outside after the first record): exit 7 naming the
+    file, every committed record whole, and once the disk is grown the same command writes the
+    records an uninterrupted run writes."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "COLUMNS": "400"}
+
+    def command(config_path):
+        return [sys.executable, "-m", "eyas", "generate", str(config_path), "--quiet"]
+
+    def answers(config_path):
+        return {r.id: r.token_ids for r in read_records(RunPaths.of(load_config(config_path)).generations("qa"))}
+
+    # Twelve records of about 500 bytes: more than the free end of the page the first one is on
+    # (a tmpfs page, up to 4 KB, which a filled disk still lets the file use).
+    straight = make_config(tmp_path / "straight", n=12, batch_size=1, max_tokens=16)
+    assert subprocess.run(command(straight), env=env, capture_output=True).returncode == 0
+    with small_disk(tmp_path / "disk", "1M") as disk:
+        config_path = make_config(disk, n=12, batch_size=1, max_tokens=16)
+        out = RunPaths.of(load_config(config_path)).generations("qa")
+        proc = subprocess.Popen(
+            command(config_path), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        ballast = fill_once(proc, lambda: out.is_file() and out.read_bytes().endswith(b"\n"), disk)
+        said = " ".join(proc.communicate(timeout=600)[0].split())
+        assert proc.returncode == EXIT_CODE, said
+        assert "the disk is full writing" in said and "qa.jsonl" in said and "nothing committed was lost" in said, said
+        kept = out.read_bytes()
+        assert kept.endswith(b"\n") and 1 <= kept.count(b"\n") < 12, "stopped at a record boundary, mid-run"
+        assert all(json.loads(line) for line in kept.splitlines()), "every committed record is whole"
+
+        grow(disk, "4M")
+        ballast.unlink()
+        resumed = subprocess.run(command(config_path), env=env, capture_output=True, text=True)
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+        assert out.read_bytes().startswith(kept), "the committed records are as they were"
+        assert answers(config_path) == answers(straight)
 
 
 def test_other_sampling_settings_exit_6_and_redo_sets_the_old_records_aside(tmp_path):

@@ -7,10 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
@@ -21,7 +19,7 @@ from eyas.extract import storage
 from eyas.paths import RunPaths
 from eyas.space import EXIT_CODE
 from tests.conftest import ROOT, write_jsonl
-from tests.disks import fill, grow, small_disk
+from tests.disks import fill_once, grow, small_disk
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["Name a fruit.", "What is 3+3?", "Say hello.", "Name a color.", "What day follows Monday?", "Name a pet."]
@@ -68,11 +66,7 @@ def test_an_extraction_that_fills_its_disk_stops_at_a_shard_and_resumes_to_the_s
 
         command, env = _eyas("extract", str(config_path), "-q")
         proc = subprocess.Popen(command, env=env, cwd=disk, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        while not (hidden / "shard-00000.json").exists() and proc.poll() is None:
-            time.sleep(0.001)
-        proc.send_signal(signal.SIGSTOP)
-        ballast = fill(disk)
-        proc.send_signal(signal.SIGCONT)
+        ballast = fill_once(proc, (hidden / "shard-00000.json").exists, disk)
         said = " ".join(proc.communicate(timeout=600)[0].split())
         assert proc.returncode == EXIT_CODE, said
         assert "the disk is full writing" in said and "nothing committed was lost" in said

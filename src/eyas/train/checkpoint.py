@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
 from eyas.drafter.families import save_weights
 from eyas.drafter.layout import WEIGHTS_FILE
 from eyas.drafter.parts import saved_only
-from eyas.files import replace_dir
+from eyas.files import naming, replace_dir
 from eyas.stage import StageError, differences, file_digest
 from eyas.train.optimizer import Optimizers
 
@@ -162,7 +162,6 @@ def save(
         return final
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_weights(weights, drafter.spec, tmp)
     state = {
         "step": step,
         "optimizer": optim,
@@ -172,12 +171,18 @@ def save(
         "schedules": schedules,
         "spent": list(spent),
     }
-    # Through a Python file, so a full disk is the OSError (ENOSPC) it is, not torch's RuntimeError.
-    with (tmp / STATE_FILE).open("wb") as f:
-        torch.save(state, f)
-    (tmp / MADE_WITH_FILE).write_text(json.dumps(made, indent=2))
-    digests = {p.name: file_digest(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-    (tmp / DIGESTS_FILE).write_text(json.dumps(digests, indent=2))
+    try:
+        save_weights(weights, drafter.spec, tmp)
+        # Through a Python file, so a full disk is the OSError (ENOSPC) it is, not torch's RuntimeError.
+        with (tmp / STATE_FILE).open("wb") as f:
+            torch.save(state, f)
+        (tmp / MADE_WITH_FILE).write_text(json.dumps(made, indent=2))
+        digests = {p.name: file_digest(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        (tmp / DIGESTS_FILE).write_text(json.dumps(digests, indent=2))
+    except OSError as e:
+        # A checkpoint the disk could not hold is not left half-written, taking the room a resume needs.
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise naming(e, tmp) from None
     shutil.rmtree(final, ignore_errors=True)
     replace_dir(tmp, final)
     for old in sorted(checkpoints_dir(train_dir).glob("step-*"))[:-KEEP]:
