@@ -74,3 +74,8 @@ def kill_engine_child(command: list[str], ready: Callable[[], bool], name: bytes
         time.sleep(0.01)
     said = " ".join(proc.communicate(timeout=600)[0].split())
     return killed, proc.returncode, said
+
+
+def child_groups(pid: int) -> set[int]:
+    """The process groups that children of ``pid`` lead: its engine children (vLLM, llama.cpp)."""
+    return {group for child, (parent, group) in processes().items() if parent == pid and group == child}

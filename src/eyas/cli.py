@@ -468,8 +468,8 @@ def main() -> None:
         sys.exit(DISK_FULL)
     except RunStopped as e:
         # Credits exhausted (3), budget reached (4), requests rejected (5): see eyas.generate.http.errors.
-        console.print(f"[bold red]stopped:[/] {e}", markup=True, highlight=False)
+        console.print(f"[bold red]stopped:[/] {escape(str(e))}", highlight=False)
         sys.exit(e.exit_code)
     except (VllmError, LlamaCppError) as e:
-        console.print(f"[bold red]error:[/] {e}", markup=False, highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(1)

@@ -18,6 +18,7 @@ from eyas.eval import vllm_engine
 from eyas.eval.families import VLLM_BASIS, compare
 from eyas.target.vllm import ENV_PYTHON, vllm_python
 from tests.conftest import vllm_or_skip, write_jsonl
+from tests.kills import kill_engine_child
 from tests.servers import served
 from tests.train.conftest import subprocess_env
 from tests.vllm_stand_ins import EVAL, stand_in
@@ -38,15 +39,34 @@ def eyas_eval(*args) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def vllm_run(tmp_path_factory, overfit):
+    """``eyas eval`` with vLLM, first with its vLLM child killed mid-run, then rerun: (root, the
+    rerun, (the killed run's exit code and words, eyas's own results it had finished))."""
     vllm_or_skip()
     root = tmp_path_factory.mktemp("vllmrun")
-    done = eyas_eval(engine_eval_config(root, overfit[3], "engine: vllm"), "-q")
-    return root, done
+    config = engine_eval_config(root, overfit[3], "engine: vllm")
+    command = [sys.executable, "-m", "eyas", "eval", str(config), "-q"]
+    env = subprocess_env() | {"COLUMNS": "400"}
+    killed, returncode, said = kill_engine_child(command, lambda: True, name=b"eval_child.py", env=env)
+    assert killed is not None, "the kill must land while vLLM decodes"
+    finished = {p: p.stat().st_mtime_ns for p in (root / "run" / "eval").glob("results-*.jsonl")}
+    return root, eyas_eval(config, "-q"), (returncode, said, finished)
+
+
+@pytest.mark.slow
+def test_a_vllm_child_killed_mid_eval_names_its_log_and_the_rerun_decodes_nothing_eyas_had(vllm_run):
+    """Exit 1 naming the child's log; eyas's own per-prompt results, finished before vLLM
+    started, are kept, and the rerun only runs vLLM again."""
+    root, done, (returncode, said, finished) = vllm_run
+    assert returncode == 1, said
+    assert "error: vLLM (eval, " in said and "exited with" in said and str(root / "run" / "eval" / "vllm.log") in said
+    assert finished, "eyas's own decoding of every prompt finished first"
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished, "the rerun decodes nothing eyas had decoded"
 
 
 @pytest.mark.slow
 def test_vllm_serves_the_export_with_eyas_tau_passes_and_outputs(vllm_run):
-    root, done = vllm_run
+    root, done, _ = vllm_run
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads((root / "run" / "eval" / "report.json").read_text())
     eyas, vllm = report["methods"]["eagle3"], report["methods"][vllm_engine.method_name("eagle3")]
@@ -79,7 +99,7 @@ def test_vllm_serves_a_dflash_export_with_eyas_tau_passes_and_outputs(tmp_path, 
 @pytest.mark.slow
 def test_a_second_run_reuses_vllms_result(vllm_run):
     """The vLLM result is cached by request: rerunning the same eval does not start vLLM again."""
-    root, _ = vllm_run
+    root, _, _ = vllm_run
     cached = list((root / "run" / "eval").glob("vllm-*.json"))
     assert len(cached) == 1
     done = eyas_eval(root / "run.yaml")
@@ -93,7 +113,7 @@ def test_with_the_target_not_loaded_here_vllm_alone_measures_tau(vllm_run, tmp_p
     """``eval.in_process: false`` (a target larger than one device): vLLM's plain decoding is the baseline and reference."""
     import shutil
 
-    root, _ = vllm_run
+    root, _, _ = vllm_run
     eval_dir = tmp_path / "run" / "eval"
     eval_dir.mkdir(parents=True)
     for cached in (root / "run" / "eval").glob("vllm-*.json"):  # the drafter's run: only plain decoding starts vLLM

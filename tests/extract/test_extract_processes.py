@@ -16,7 +16,7 @@ from eyas.extract.reader import HiddenStates
 from eyas.merge.reader import iter_split
 from eyas.paths import RunPaths
 from eyas.stage import digest, read_marker
-from tests.kills import kill_at_each, processes
+from tests.kills import child_groups, kill_at_each, processes
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -33,20 +33,35 @@ def env() -> dict:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-def kill_after_first_shard(config: Path, hidden: Path, orphans: list[int] | None = None) -> dict[Path, int]:
-    """Start ``eyas extract``, SIGKILL it once a shard is finished; the finished shards' mtimes.
+def kill_after_first_shard(
+    config: Path, hidden: Path, orphans: list[int] | None = None, engine: bool = False
+) -> tuple[str, dict[Path, int]]:
+    """Start ``eyas extract`` and SIGKILL it (``engine``: its vLLM child instead) once it has
+    finished a shard; returns what it said and the finished shards' mtimes.
 
     ``orphans`` (when given) receives the processes of the killed run's child process groups
     still alive a minute after the kill: none should be (vLLM's engine outlives its parent).
     """
-    proc = subprocess.Popen([sys.executable, "-m", "eyas", "extract", str(config), "-q"], env=env(), cwd=ROOT)
+    before = set(hidden.glob("shard-*.json"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eyas", "extract", str(config), "-q"],
+        env=env() | {"COLUMNS": "400"},
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 300
-    while not (hidden / "shard-00000.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+    while set(hidden.glob("shard-*.json")) <= before and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
-    ours = {proc.pid, os.getpgrp()}
-    groups = {group for parent, group in processes().values() if parent == proc.pid and group not in ours}
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    groups = child_groups(proc.pid)
+    if engine:
+        assert groups, "the vLLM child is running"
+        for group in groups:
+            os.kill(group, signal.SIGKILL)  # its leader alone, as an out-of-memory kill takes one process
+    else:
+        proc.send_signal(signal.SIGKILL)
+    said = " ".join(proc.communicate(timeout=300)[0].split())
     if orphans is not None:
         assert groups, "the vLLM child leads a process group of its own, so it can take its engine down"
         deadline = time.monotonic() + 60
@@ -59,7 +74,7 @@ def kill_after_first_shard(config: Path, hidden: Path, orphans: list[int] | None
         for p in (done[-1], done[-1].with_suffix(".safetensors")):
             p.unlink()
         done = done[:-1]
-    return {p.with_suffix(".safetensors"): p.with_suffix(".safetensors").stat().st_mtime_ns for p in done}
+    return said, {p.with_suffix(".safetensors"): p.with_suffix(".safetensors").stat().st_mtime_ns for p in done}
 
 
 def resume(config: Path, merged_run, finished: dict[Path, int]) -> HiddenStates:
@@ -79,7 +94,7 @@ def resume(config: Path, merged_run, finished: dict[Path, int]) -> HiddenStates:
 
 def test_killed_extract_resumes_without_redoing_finished_shards(merged_run, tmp_path):
     config = write_config(merged_run, tmp_path / "run.yaml", shard_tokens=1)  # one sample per shard
-    resume(config, merged_run, kill_after_first_shard(config, RunPaths.of(merged_run).hidden_dir))
+    resume(config, merged_run, kill_after_first_shard(config, RunPaths.of(merged_run).hidden_dir)[1])
 
 
 def test_torchrun_ranks_write_their_own_shards(merged_run, tmp_path):

@@ -63,6 +63,8 @@ def test_vllm_captures_the_transformers_states_in_float32(merged_run, model, ext
 
 
 def test_killed_vllm_extract_resumes_and_trains_like_transformers_shards(merged_run, tmp_path):
+    """First vLLM's child is killed (exit 1 naming its log, its engine gone with it), then eyas
+    itself (no orphan engine); each rerun keeps the shards finished before."""
     vllm_or_skip()
     transformers_run = with_extract(
         merged_run.model_copy(update={"run_dir": str(tmp_path / "reference")}), shard_tokens=1
@@ -73,8 +75,13 @@ def test_killed_vllm_extract_resumes_and_trains_like_transformers_shards(merged_
     config = write_config(merged_run, tmp_path / "run.yaml", shard_tokens=1, engine="vllm")  # one sample per shard
     hidden = RunPaths.of(merged_run).hidden_dir
     orphans: list[int] = []
-    resume(config, merged_run, kill_after_first_shard(config, hidden, orphans))
+    said, finished = kill_after_first_shard(config, hidden, orphans, engine=True)
+    assert "error: vLLM (extract) exited with -9" in said and str(hidden / "vllm.log") in said, said
+    assert orphans == [], "vLLM's engine and workers must die with their child"
+    said, after = kill_after_first_shard(config, hidden, orphans)
     assert orphans == [], "vLLM's engine and workers must die with the eyas that started them"
+    assert {p: after[p] for p in finished} == finished, "the shards finished before the child died are kept"
+    resume(config, merged_run, after)
     assert not list(hidden.glob("vllm-staging*"))
     index = json.loads((hidden / "index.json").read_text())
     assert index["engines"] == ["vllm"] and index["fingerprint"] == reference["fingerprint"]
