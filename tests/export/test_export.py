@@ -115,6 +115,20 @@ def test_sglang_and_vllm_layout(trained_run, model, fmt):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize(
+    ("switches", "unread"),
+    [({"norm_before_fc": True}, "norm_before_fc"), ({"norm_before_residual": True}, "norm_before_residual")],
+)
+def test_an_sglang_readme_says_sglang_would_not_serve_switches_it_does_not_read(tmp_path, model, switches, unread):
+    """SGLang's EAGLE-3 model has no input norm and adds the raw state as the residual: it would
+    load such a drafter silently and draft from other states, so no SGLang command is printed."""
+    run_dir = tmp_path / "run"
+    save_drafter(small_drafter(model, eagle3=switches), run_dir / "train" / "final")
+    readme = (eyas.export.export_one(load_tiny(run_dir), "sglang") / "README.md").read_text()
+    assert "sglang.launch_server" not in readme and f"SGLang's EAGLE-3 model does not read {unread}" in readme
+    assert '"method": "eagle3"' in readme, "the vLLM command is still there"
+
+
 def test_speculators_layout(trained_run, model, tmp_path):
     run_dir, drafter = trained_run
     out = eyas.export.export_one(load_tiny(run_dir), "speculators", out=tmp_path / "spec")

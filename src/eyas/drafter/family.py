@@ -135,7 +135,7 @@ class Family(ABC):
         ``target_layers`` for layouts that leave the aux layers to the target's default."""
 
     @abstractmethod
-    def readme(self, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
+    def readme(self, spec: DrafterSpec, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
         """The export README for ``format`` (not ``gguf``): what it is, the commands that serve it."""
 
     def vllm_command(self, directory: Path, target: str, steps: int, dtype: str) -> str:

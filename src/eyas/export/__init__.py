@@ -125,7 +125,7 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
     else:
         architectures = list(getattr(model_config, "architectures", None) or [])
         family.export(format, weights, spec, tmp, dtype, (verifier, architectures), steps)
-        readme = family.readme(format, out.resolve(), verifier, steps, layout.dtype_name(dtype))
+        readme = family.readme(spec, format, out.resolve(), verifier, steps, layout.dtype_name(dtype))
     (tmp / "README.md").write_text(readme)
     replace_dir(tmp, out)
     return out

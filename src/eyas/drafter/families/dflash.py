@@ -457,7 +457,7 @@ class DFlash(Family):
             mask_token_id=settings["mask_token_id"],
         )
 
-    def readme(self, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
+    def readme(self, spec: DrafterSpec, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
         """One layout (z-lab's ``DFlashDraftModel``) that SGLang and vLLM both read."""
         return "\n".join(
             [

@@ -260,7 +260,7 @@ class DFlash2(DFlash):
             **{k: settings[k] for k in OWN_KEYS},
         )
 
-    def readme(self, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
+    def readme(self, spec: DrafterSpec, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
         """z-lab's ``DFlash2DraftModel`` layout; vLLM runs it in its GPU model runner only."""
         return "\n".join(
             [

@@ -283,7 +283,7 @@ class DSpark(DFlash):
             confidence_head=bool(config.get("enable_confidence_head", False)),
         )
 
-    def readme(self, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
+    def readme(self, spec: DrafterSpec, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
         """DeepSpec's ``Qwen3DSparkModel`` layout; vLLM runs ``dspark`` in its GPU model runner only."""
         return "\n".join(
             [

@@ -64,6 +64,14 @@ SPECULATORS_TRAINER_ARCH = "Eagle3DraftModel"
 """What speculators' own trainer (0.9) names the drafters it saves, in the speculators layout."""
 SWITCHES = ("norm_before_fc", "norm_output", "norm_before_residual")
 """The top-level ``config.json`` switches beyond EAGLE-3 as published (:class:`Eagle3Spec`)."""
+
+SGLANG_UNREAD = ("norm_before_fc", "norm_before_residual")
+"""Switches SGLang's EAGLE-3 model (``python/sglang/srt/models/llama_eagle3.py``) does not read
+in the trees eyas has checked: it has no ``input_norm`` and adds the raw state as the residual. It
+loads such a drafter without complaint and drafts from states it was not trained on (still
+losslessly, but accepting little), so the README says so instead of printing its command. Its
+EAGLE-3.1 support reads ``norm_output`` and the per-layer ``fc_norm``."""
+
 UNSUPPORTED = ("fc_norm",)
 """Switches third-party trainers write that eyas does not implement: a drafter with one set is
 refused, never run as another function."""
@@ -475,7 +483,7 @@ class Eagle3(Family):
             to_speculators_keys(weights), speculators_config(spec, name, architectures, steps, dtype), directory, dtype
         )
 
-    def readme(self, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
+    def readme(self, spec: DrafterSpec, format: str, directory: Path, target: str, steps: int, dtype: str) -> str:
         sections = [
             f"# EAGLE-3 drafter for `{target}`\n\n"
             f"Trained by eyas; layout `{format}`, weights in {dtype}. The token embedding is not included: "
@@ -485,12 +493,20 @@ class Eagle3(Family):
             # vLLM serves a speculators directory on its own: the verifier is named inside it.
             sections.append(f"## vLLM\n\n```bash\n{VLLM_SERVER} --model {directory} --dtype {dtype}\n```\n")
         else:
-            sections.append(
-                "## SGLang\n\n```bash\n"
-                f"python -m sglang.launch_server --model-path {target} --dtype {dtype} \\\n"
-                f"  --speculative-algorithm EAGLE3 --speculative-draft-model-path {directory} \\\n"
-                f"  --speculative-num-steps {steps} --speculative-eagle-topk 1 --speculative-num-draft-tokens {steps + 1}\n```\n"
-            )
+            if unread := [key for key in SGLANG_UNREAD if getattr(spec, key)]:
+                sections.append(
+                    f"## SGLang\n\nNot served as trained: SGLang's EAGLE-3 model does not read {', '.join(unread)}; "
+                    "it would load this drafter without them and draft from states it was not trained on. Serve it in "
+                    "vLLM (below) or llama.cpp (`eyas export CONFIG --format gguf`).\n"
+                )
+            else:
+                sections.append(
+                    "## SGLang\n\n```bash\n"
+                    f"python -m sglang.launch_server --model-path {target} --dtype {dtype} \\\n"
+                    f"  --speculative-algorithm EAGLE3 --speculative-draft-model-path {directory} \\\n"
+                    f"  --speculative-num-steps {steps} --speculative-eagle-topk 1 "
+                    f"--speculative-num-draft-tokens {steps + 1}\n```\n"
+                )
             sections.append("## vLLM\n\n" + self.vllm_command(directory, target, steps, dtype))
         return "\n".join(sections)
 
