@@ -66,6 +66,11 @@ FAMILY_LEVERS: dict[str, dict[str, dict]] = {
             "eagle3": {"norm_before_fc": True, "norm_output": True, "norm_before_residual": True}
         },
         "norm_before_fc and optimizer: muon": {"optimizer": "muon", "eagle3": {"norm_before_fc": True}},
+        "fc_norm (a norm per aux state)": {"eagle3": {"fc_norm": True}},
+        "fc_norm and norm_output (EAGLE-3.1 as vLLM and SGLang serve it)": {
+            "eagle3": {"fc_norm": True, "norm_output": True}
+        },
+        "fc_norm and optimizer: muon": {"optimizer": "muon", "eagle3": {"fc_norm": True}},
     },
 }
 """Rows only a family has."""

@@ -399,8 +399,9 @@ class DFlash2Config(DFlashConfig):
 
 class Eagle3Config(Section):
     """EAGLE-3's optional normalisations; `norm_before_fc` and `norm_output` on is EAGLE-3.1 as
-    speculators (PR 610), SpecForge and NeMo train it, and speculators' own trainer adds
-    `norm_before_residual`. All off (the default) is EAGLE-3 as published."""
+    speculators (PR 610) and SpecForge train it, `fc_norm` and `norm_output` as vLLM, SGLang and
+    NeMo define it, and speculators' own trainer adds `norm_before_residual`. All off (the
+    default) is EAGLE-3 as published."""
 
     norm_before_fc: bool = False
     """RMSNorm over the concatenated aux states before `fc` (weight `input_norm.weight`): the target's layers differ in scale by orders of magnitude, and the norm lets each feed `fc` alike. vLLM and llama.cpp read it."""
@@ -408,8 +409,10 @@ class Eagle3Config(Section):
     """Feed the layer's post-norm state, not its pre-norm one, to the next drafting step (and to `lm_head` without a second norm), so the state's magnitude does not drift across steps. vLLM reads it; the pinned llama.cpp does not (it feeds the pre-norm state back), so a GGUF export of such a drafter is refused."""
     norm_before_residual: bool = False
     """The attention's residual is the drafter's hidden state after its norm (`hidden_norm`), not before: speculators' trainer's default. vLLM and llama.cpp read it."""
+    fc_norm: bool = False
+    """An RMSNorm over each aux state before `fc` (weights `fc_norm.0.weight`…): EAGLE-3.1 as vLLM, SGLang, TensorRT-LLM and NeMo define it, where `norm_before_fc` is one norm over all three. vLLM reads it; the pinned llama.cpp does not, so a GGUF export of such a drafter is refused."""
 
-    ADDED_LATER: ClassVar[dict[str, Any]] = {"norm_before_residual": False}
+    ADDED_LATER: ClassVar[dict[str, Any]] = {"norm_before_residual": False, "fc_norm": False}
     """Keys at the value every drafter had before the key existed: left out of train's fingerprint
     there, so a drafter trained before stays current."""
 

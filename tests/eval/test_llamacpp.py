@@ -131,9 +131,9 @@ def test_a_block_drafter_export_serves_in_llamacpp_losslessly_and_accepts_what_e
 
 def test_eagle3_1_with_norm_before_fc_serves_in_llamacpp_and_norm_output_is_refused(model, overfit, tmp_path):
     """EAGLE-3.1's norm before ``fc`` and speculators' normed residual are read by llama.cpp: served
-    losslessly, accepted as in eyas's own decoder. EAGLE-3.1's post-norm feedback is not (the pinned
-    graph feeds the pre-norm state back), so a drafter trained with it gets no GGUF export and no
-    llama.cpp eval, and the error says why."""
+    losslessly, accepted as in eyas's own decoder. EAGLE-3.1's post-norm feedback and per-layer
+    ``fc_norm`` are not (the pinned graph feeds the pre-norm state back and has no per-layer norm),
+    so a drafter trained with them gets no GGUF export and no llama.cpp eval, and the error says why."""
     import eyas.export
     from eyas import eval as stage
     from eyas.config import ConfigError
@@ -150,12 +150,12 @@ def test_eagle3_1_with_norm_before_fc_serves_in_llamacpp_and_norm_output_is_refu
     difference = section["methods"]["eagle3, n=3"]["tau"] - own["tau"]
     assert -0.02 <= difference <= 0.02 + 3 * len(TEXTS) / own["target_passes"], difference
 
-    fed_back = overfit_drafter(model, sequences, steps=2, eagle3={"norm_before_fc": True, "norm_output": True})
+    fed_back = overfit_drafter(model, sequences, steps=2, eagle3={"fc_norm": True, "norm_output": True})
     save_drafter(fed_back, tmp_path / "run" / "train" / "final")
-    with pytest.raises(ConfigError, match=r"does not read norm_output .*train.eagle3.norm_output"):
+    with pytest.raises(ConfigError, match=r"does not read fc_norm, norm_output .*train.eagle3.fc_norm"):
         eyas.export.export_one(load_tiny(tmp_path / "run"), "gguf")
     config = engine_eval_config(tmp_path / "out", fed_back, "engine: llamacpp")
-    with pytest.raises(ConfigError, match="does not read norm_output"):
+    with pytest.raises(ConfigError, match="does not read fc_norm, norm_output"):
         stage.run(load_config(config), quiet=True)
 
 

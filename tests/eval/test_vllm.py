@@ -23,7 +23,7 @@ from tests.servers import served
 from tests.train.conftest import subprocess_env
 from tests.vllm_stand_ins import EVAL, stand_in
 
-from .overfit import OVERFIT_NEW, TEXTS, engine_eval_config
+from .overfit import OVERFIT_NEW, TEXTS, engine_eval_config, overfit_drafter
 
 
 def eyas_eval(*args) -> subprocess.CompletedProcess:
@@ -38,12 +38,18 @@ def eyas_eval(*args) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def vllm_run(tmp_path_factory, overfit):
-    """``eyas eval`` with vLLM, first with its vLLM child killed mid-run, then rerun: (root, the
-    rerun, (the killed run's exit code and words, eyas's own results it had finished))."""
+def vllm_run(tmp_path_factory, model, overfit):
+    """``eyas eval`` with vLLM of an EAGLE-3.1 drafter as vLLM defines it (``fc_norm``,
+    ``norm_output``), first with its vLLM child killed mid-run, then rerun: (root, the rerun, (the
+    killed run's exit code and words, eyas's own results it had finished)). The README test
+    serves EAGLE-3 as published."""
     vllm_or_skip()
+    prompts, greedy, _, _ = overfit
+    drafter = overfit_drafter(
+        model, [p + g for p, g in zip(prompts, greedy)], eagle3={"fc_norm": True, "norm_output": True}
+    )
     root = tmp_path_factory.mktemp("vllmrun")
-    config = engine_eval_config(root, overfit[3], "engine: vllm")
+    config = engine_eval_config(root, drafter, "engine: vllm")
     command = [sys.executable, "-m", "eyas", "eval", str(config), "-q"]
     env = subprocess_env() | {"COLUMNS": "400"}
     killed, returncode, said = kill_engine_child(command, lambda: True, name=b"eval_child.py", env=env)

@@ -25,7 +25,12 @@ def sequence(tokenizer, model):
 
 
 EAGLE3_1 = {"norm_before_fc": True, "norm_output": True}
-SWITCHES = {"eagle3": {}, "eagle3.1": EAGLE3_1, "speculators": {**EAGLE3_1, "norm_before_residual": True}}
+SWITCHES = {
+    "eagle3": {},
+    "eagle3.1": EAGLE3_1,
+    "eagle3.1 as vLLM serves it": {"fc_norm": True, "norm_output": True},
+    "speculators": {**EAGLE3_1, "norm_before_residual": True},
+}
 
 
 @pytest.fixture(scope="module", params=list(SWITCHES))

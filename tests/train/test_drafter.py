@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 
 from eyas.config import TrainConfig
@@ -115,7 +114,7 @@ def test_a_drafter_saved_by_speculators_own_trainer_loads_as_written(model, tmp_
     """speculators 0.9's trainer names its drafters ``Eagle3DraftModel``, writes RoPE only as
     transformers 5's ``rope_parameters`` and ``target_hidden_size: null``, and sets EAGLE-3.1's
     switches and ``norm_before_residual``: eyas refused the name, and read past it would have run
-    RoPE at base 10,000 without the switches. A switch eyas does not implement is refused."""
+    RoPE at base 10,000 without the switches. ``fc_norm`` (once refused) is read too."""
     from eyas.drafter.families import EAGLE3, read_spec
 
     drafter = small_drafter(model, eagle3={"norm_before_fc": True, "norm_output": True, "norm_before_residual": True})
@@ -132,5 +131,36 @@ def test_a_drafter_saved_by_speculators_own_trainer_loads_as_written(model, tmp_
     assert spec.rope_parameters["rope_theta"] == 100000.0 and spec.target_hidden_size == 576
 
     (tmp_path / "config.json").write_text(json.dumps(config | {"fc_norm": True}))
-    with pytest.raises(ValueError, match="fc_norm: true is a drafter eyas cannot run"):
-        read_spec(tmp_path)
+    assert read_spec(tmp_path).fc_norm
+
+
+def test_fc_norm_normalises_each_aux_state_on_its_own_and_round_trips(model, tmp_path):
+    """EAGLE-3.1 as vLLM, SGLang and TensorRT-LLM serve it: one RMSNorm per aux state before
+    ``fc`` (``fc_norm.{i}.weight``), so the layers' scales, orders of magnitude apart, no longer
+    matter; written where vLLM reads it, read back, the same drafter."""
+    from eyas.drafter.families import EAGLE3, read_spec
+
+    drafter = small_drafter(model, eagle3={"fc_norm": True, "norm_output": True})
+    with torch.no_grad():
+        for norm in drafter.fc_norm:
+            norm.weight.uniform_(0.5, 1.5)
+    weights = drafter.trainable_state_dict()
+    assert all(weights[f"fc_norm.{i}.weight"].shape == (576,) for i in range(3))
+    save_drafter(drafter, tmp_path / "sglang")
+    EAGLE3.export("speculators", weights, drafter.spec, tmp_path / "speculators", torch.float32, ("embedded", []), 3)
+    for layout in ("sglang", "speculators"):
+        assert json.loads((tmp_path / layout / "config.json").read_text())["fc_norm"] is True
+        assert read_spec(tmp_path / layout) == drafter.spec
+
+    aux = torch.randn(1, 6, 3 * 576)
+    scaled = aux.clone()
+    scaled[..., :576] *= 1000.0  # one layer's state a thousand times larger
+    with torch.no_grad():
+        assert torch.allclose(drafter.fuse(aux), drafter.fuse(scaled), atol=1e-4)
+        with_one_norm = small_drafter(model, eagle3={"norm_before_fc": True, "norm_output": True})
+        assert not torch.allclose(with_one_norm.fuse(aux), with_one_norm.fuse(scaled), atol=1e-2)
+    loaded = load_drafter(tmp_path / "speculators", model).eval()
+    ids = torch.randint(0, 49152, (1, 6))
+    with torch.no_grad():
+        for a, b in zip(drafter.unroll(aux, ids, 3), loaded.unroll(aux, ids, 3)):
+            assert torch.equal(a, b)

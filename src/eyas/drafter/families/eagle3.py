@@ -5,8 +5,10 @@ and its layouts on disk.
 Shape (names are the exported weight names):
 
 - ``embed_tokens``: the target's token embedding, frozen, never saved;
-- ``input_norm`` (EAGLE-3.1, ``norm_before_fc``): RMSNorm(3·H_target) over the concatenated aux
-  hidden states, then ``fc``: Linear(3·H_target → H);
+- ``input_norm`` (EAGLE-3.1 as speculators trains it, ``norm_before_fc``): RMSNorm(3·H_target)
+  over the concatenated aux hidden states; ``fc_norm.{0,1,2}`` (EAGLE-3.1 as vLLM, SGLang and
+  TensorRT-LLM serve it, ``fc_norm``): an RMSNorm(H_target) over each aux state; then ``fc``:
+  Linear(3·H_target → H);
 - ``midlayer``: one Llama decoder layer whose attention input is
   ``cat(input_layernorm(embedding), hidden_norm(hidden))`` (width 2H) and whose residual is
   the hidden stream (its normed copy with ``norm_before_residual``), then the usual gated MLP;
@@ -62,7 +64,7 @@ SGLANG_ARCH = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCH = "Eagle3Speculator"
 SPECULATORS_TRAINER_ARCH = "Eagle3DraftModel"
 """What speculators' own trainer (0.9) names the drafters it saves, in the speculators layout."""
-SWITCHES = ("norm_before_fc", "norm_output", "norm_before_residual")
+SWITCHES = ("norm_before_fc", "fc_norm", "norm_output", "norm_before_residual")
 """The top-level ``config.json`` switches beyond EAGLE-3 as published (:class:`Eagle3Spec`)."""
 
 SGLANG_UNREAD = ("norm_before_fc", "norm_before_residual")
@@ -72,10 +74,6 @@ loads such a drafter without complaint and drafts from states it was not trained
 losslessly, but accepting little), so the README says so instead of printing its command. Its
 EAGLE-3.1 support reads ``norm_output`` and the per-layer ``fc_norm``."""
 
-UNSUPPORTED = ("fc_norm",)
-"""Switches third-party trainers write that eyas does not implement: a drafter with one set is
-refused, never run as another function."""
-
 
 @dataclass(frozen=True)
 class Eagle3Spec(DrafterSpec):
@@ -83,7 +81,9 @@ class Eagle3Spec(DrafterSpec):
 
     family = "eagle3"
     norm_before_fc: bool = False
-    """EAGLE-3.1: RMSNorm over the concatenated aux states before ``fc``."""
+    """EAGLE-3.1 (speculators): RMSNorm over the concatenated aux states before ``fc``."""
+    fc_norm: bool = False
+    """EAGLE-3.1 (vLLM, SGLang, TensorRT-LLM): an RMSNorm over each aux state before ``fc``."""
     norm_output: bool = False
     """EAGLE-3.1: the post-norm state is fed back and read by ``lm_head``."""
     norm_before_residual: bool = False
@@ -158,6 +158,10 @@ class Eagle3Drafter(DrafterWeights, nn.Module):
             self.set_embedding(embedding)
         if spec.norm_before_fc:
             self.input_norm = LlamaRMSNorm(3 * spec.target_hidden_size, eps=spec.rms_norm_eps)
+        if spec.fc_norm:
+            self.fc_norm = nn.ModuleList(
+                LlamaRMSNorm(spec.target_hidden_size, eps=spec.rms_norm_eps) for _ in spec.aux_layers
+            )
         self.fc = nn.Linear(3 * spec.target_hidden_size, spec.hidden_size, bias=False)
         self.midlayer = Midlayer(spec)
         self.norm = LlamaRMSNorm(spec.hidden_size, eps=spec.rms_norm_eps)
@@ -186,7 +190,12 @@ class Eagle3Drafter(DrafterWeights, nn.Module):
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """The hidden state of step 0 from the concatenated aux states [.., 3·H_target]."""
         aux = aux.to(self.fc.weight.dtype)
-        return self.fc(self.input_norm(aux) if self.spec.norm_before_fc else aux)
+        # Both may be set, as vLLM applies them: the one norm over all, then one per aux state.
+        if self.spec.norm_before_fc:
+            aux = self.input_norm(aux)
+        if self.spec.fc_norm:
+            aux = torch.cat([norm(x) for norm, x in zip(self.fc_norm, aux.chunk(len(self.fc_norm), -1))], -1)
+        return self.fc(aux)
 
     def fed_back(self, layer_output: torch.Tensor) -> torch.Tensor:
         """The state the next step reads (and :meth:`logits` takes) from the layer's output."""
@@ -363,13 +372,8 @@ def is_speculators(config: dict[str, Any]) -> bool:
     return config["architectures"][0] in (SPECULATORS_ARCH, SPECULATORS_TRAINER_ARCH)
 
 
-def switches_of(config: dict[str, Any], path: Path) -> dict[str, bool]:
-    """The switches a drafter's ``config.json`` sets; one eyas does not implement is refused by name."""
-    if unsupported := [key for key in UNSUPPORTED if config.get(key)]:
-        raise ValueError(
-            f"{path}: {unsupported[0]}: true is a drafter eyas cannot run (it implements {', '.join(SWITCHES)}); "
-            "it would be scored as another function"
-        )
+def switches_of(config: dict[str, Any]) -> dict[str, bool]:
+    """The switches a drafter's ``config.json`` sets."""
     return {key: bool(config.get(key, False)) for key in SWITCHES}
 
 
@@ -470,7 +474,7 @@ class Eagle3(Family):
         releases (no ids: the default layers of a ``target_layers``-layer target)."""
         layers = aux_layers_of(config, path, target_layers)
         llama = config["transformer_layer_config"] if is_speculators(config) else config
-        return Eagle3Spec(**sizes_from_keys(llama, config, layers).sizes(), **switches_of(config, path))
+        return Eagle3Spec(**sizes_from_keys(llama, config, layers).sizes(), **switches_of(config))
 
     def weights_from(self, config: dict[str, Any], weights: dict[str, Tensor]) -> dict[str, Tensor]:
         return from_speculators_keys(weights) if is_speculators(config) else weights
