@@ -32,7 +32,7 @@ def test_ledger_survives_restarts_and_counts_crash_leftovers(tmp_path):
     ledger.reserve("b", 0.3)  # in flight when the process dies: never closed
     ledger.reserve("c", 0.2)
     ledger.release("c")
-    ledger._journal._file.flush()  # what a SIGKILL leaves: flushed lines, no close
+    # What a SIGKILL leaves: every line written (each is one write to the file), no close.
     with path.open("a") as f:
         f.write('{"e": "spend", "id": "b", "us')  # and perhaps a torn last line
     seen, open_ = replay(path)  # read-only, as eyas plan reads it while a run may be appending
