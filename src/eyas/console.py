@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -32,8 +33,6 @@ class RunLog(logging.FileHandler):
     that says the disk is full and how to go on."""
 
     def handleError(self, record: logging.LogRecord) -> None:
-        import sys
-
         from eyas.space import is_disk_full
 
         if not is_disk_full(sys.exc_info()[1]):

@@ -117,11 +117,11 @@ class DurableAppender:
 
     def close(self) -> None:
         if self._fd is not None:
-            fd, self._fd = self._fd, None
             try:
-                os.fsync(fd)
+                self.sync()
             finally:
-                os.close(fd)
+                os.close(self._fd)
+                self._fd = None
 
     def __enter__(self) -> DurableAppender:
         return self
