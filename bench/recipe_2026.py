@@ -53,8 +53,13 @@ LEVERS: dict[str, dict] = {
     "loss: {ce: 0.1, tv: 0.9}": {"loss": {"ce": 0.1, "tv": 0.9}},
     "position_weighting: dpace": {"position_weighting": "dpace"},
     "optimizer: muon": {"optimizer": "muon"},
+    "keep: the flattest half (120 steps, the default's epochs)": {"keep": 0.5, "max_steps": 120},
+    "keep: a random half (120 steps), the control": {"keep": 0.5, "keep_by": "random", "max_steps": 120},
+    "keep: the flattest three quarters (180 steps)": {"keep": 0.75, "max_steps": 180},
 }
-"""Row name → changes to the config's train section, for every family."""
+"""Row name → changes to the config's train section, for every family. The ``keep`` rows train
+the share they keep for as many epochs as the default trains the whole split: the training time
+the share saves is the lever, τ what it costs."""
 
 FAMILY_LEVERS: dict[str, dict[str, dict]] = {
     "eagle3": {
@@ -71,6 +76,11 @@ FAMILY_LEVERS: dict[str, dict[str, dict]] = {
             "eagle3": {"fc_norm": True, "norm_output": True}
         },
         "fc_norm and optimizer: muon": {"optimizer": "muon", "eagle3": {"fc_norm": True}},
+        "norm_before_fc and optimizer: muon, twice the steps (480)": {
+            "optimizer": "muon",
+            "eagle3": {"norm_before_fc": True},
+            "max_steps": 480,
+        },
     },
 }
 """Rows only a family has."""

@@ -417,9 +417,14 @@ class Eagle3Config(Section):
     there, so a drafter trained before stays current."""
 
 
-RECIPE_BEFORE: dict[str, Any] = {"loss": "kl_div", "position_weighting": "geometric", "optimizer": "adamw"}
-"""What every drafter was trained with before ``train.loss``, ``position_weighting`` and
-``optimizer`` existed."""
+RECIPE_BEFORE: dict[str, Any] = {
+    "loss": "kl_div",
+    "position_weighting": "geometric",
+    "optimizer": "adamw",
+    "keep": 1.0,
+}
+"""What every drafter was trained with before ``train.loss``, ``position_weighting``,
+``optimizer`` and ``keep`` existed."""
 
 
 class TrainConfig(Section):
@@ -467,7 +472,11 @@ class TrainConfig(Section):
     muon_lr: float | None = Field(default=None, gt=0.0)
     """`muon`: Muon's peak learning rate; default 10 × the AdamW rate (speculators' default), its update scaled to AdamW's RMS."""
     epochs: float = Field(default=1.0, gt=0.0)
-    """Passes over the training split."""
+    """Passes over the training split (over the samples `train.keep` keeps)."""
+    keep: float = Field(default=1.0, gt=0.0, le=1.0)
+    """Share of the training split trained on, chosen by `train.keep_by`; 1 (the default) trains on every sample. `train.epochs` counts passes over the kept samples, so half of them train in half the steps. Measured on the demo's corpus in docs/performance.md."""
+    keep_by: Literal["flatness", "random"] = "flatness"
+    """`flatness`: the samples whose target distributions are flattest on the positions they train (SFDD, arXiv 2601.18902: 1 − cos(p, uniform), averaged per sample, lowest kept); `random`: a share drawn with `train.seed`, the control."""
     max_steps: int | None = Field(default=None, ge=1)
     """Stop after this many optimizer steps."""
     batch_size: int = Field(default=8, ge=1)
@@ -521,6 +530,8 @@ class TrainConfig(Section):
             unused.add("dpace_alpha")
         if self.optimizer != "muon":
             unused.add("muon_lr")
+        if self.keep == 1.0:
+            unused.add("keep_by")
         return unused
 
     @field_validator("loss", mode="before")

@@ -110,7 +110,7 @@ def test_a_continued_drafter_is_adopted_when_the_run_gains_a_family(tmp_path):
 
 
 def test_a_drafter_trained_before_the_recipe_keys_existed_stays_current_until_one_changes(tmp_path):
-    """``train.loss``, ``position_weighting`` and ``optimizer`` at what every earlier run trained
+    """``train.loss``, ``position_weighting``, ``optimizer`` and ``keep`` at what every earlier run trained
     with are left out of the marker, so adding them retrained nothing; a change names the key,
     and a setting of a loss, weighting or optimizer not chosen never counts."""
     finished(tmp_path)
@@ -130,3 +130,5 @@ def test_a_drafter_trained_before_the_recipe_keys_existed_stays_current_until_on
         'train.optimizer: (default) → "muon"',
         'train.position_weighting: (default) → "dpace"',
     ]
+    assert status(tmp_path, keep_by="random").status == "current"
+    assert status(tmp_path, keep=0.5).changes == ["train.keep: (default) → 0.5", 'train.keep_by: (default) → "flatness"']

@@ -39,6 +39,7 @@ from eyas.train.evaluate import evaluate, summarize, totals
 from eyas.train.metrics import MetricsLog
 from eyas.train.optimizer import Optimizers, build_optimizers
 from eyas.train.plot import plot_training
+from eyas.train.selection import Kept, select
 from eyas.train.tau import BEST_FILE, HeldOutDecoding, forget_later_than, unsharded_copy
 from eyas.train.warm_start import warm_start
 
@@ -86,8 +87,9 @@ def load_target(config: RunConfig, world: World) -> tuple[object | None, TargetP
     return None, from_files(config.target, world.device)
 
 
-def build_source(config: RunConfig, paths: RunPaths, model, world: World, started: StageRun):
-    """Training samples with their hidden states (online or from shards) and the aux layers."""
+def build_source(config: RunConfig, paths: RunPaths, model, lm_head: torch.Tensor, world: World, started: StageRun):
+    """Training samples with their hidden states (online or from shards), the share
+    ``train.keep`` keeps of them, and the aux layers."""
     cfg = config.train
     if config.extract.mode == "offline":
         source = OfflineSource(paths, cfg.max_seq_len, world.device)
@@ -101,6 +103,7 @@ def build_source(config: RunConfig, paths: RunPaths, model, world: World, starte
             raise ConfigError(str(e)) from None
         samples = read_split(paths, "train", cfg.max_seq_len)
         source = OnlineSource(samples, model, aux_layers, world.device, cache=cfg.cache_states)
+    source = select(cfg, source, lm_head, world)
     check_sizes(len(source), cfg.batch_size, world.size, str(paths.merge_dir))
     return source, aux_layers
 
@@ -166,7 +169,7 @@ class Trainer:
     """What the step calls: the drafter, or its DDP wrapper (see :func:`parallelize`)."""
     params: list[torch.nn.Parameter]
     optimizers: Optimizers
-    source: OnlineSource | OfflineSource
+    source: OnlineSource | OfflineSource | Kept
     eval_source: OnlineSource | None
     held_out: HeldOutDecoding | None
     """What τ is measured on during training (None: not measured; final is the last step)."""
@@ -199,7 +202,7 @@ def build(config: RunConfig, world: World, paths: RunPaths, started: StageRun) -
     they do not depend on what loading the rest consumed."""
     cfg = config.train
     model, parts = load_target(config, world)
-    source, aux_layers = build_source(config, paths, model, world, started)
+    source, aux_layers = build_source(config, paths, model, parts.lm_head, world, started)
     eval_source = build_eval_source(config, paths, model, aux_layers, world)
     held_out = build_held_out_decoding(config, paths, model)
     base = spec_for_target(parts.config, cfg, aux_layers, parts.config.vocab_size)
@@ -414,7 +417,8 @@ def finish(trainer: Trainer, started: StageRun, resumed_at: int) -> dict:
         fingerprint = {**started.marker["fingerprint"], CONTINUED_KEY: trainer.schedules}
         started = replace(started, marker={**started.marker, "fingerprint": fingerprint})
     if trainer.world.is_main:
-        facts = {"steps": trainer.step} | ({"continued_from_step": resumed_at} if resumed_at else {})
+        facts = {"steps": trainer.step, "samples": len(trainer.source)}
+        facts |= {"continued_from_step": resumed_at} if resumed_at else {}
         if trainer.best is not None:
             weights = checkpoint.read_weights(trainer.paths.train_best)
             facts |= {"selected_step": trainer.best["step"], "selected_tau": trainer.best["tau"]}
