@@ -456,7 +456,7 @@ def main() -> None:
     try:
         app()
     except (ConfigError, JsonlError) as e:
-        console.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)
         sys.exit(EXIT_BAD_INPUT)
     except StageError as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", highlight=False)

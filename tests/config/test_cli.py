@@ -25,6 +25,16 @@ def test_config_error_is_a_message_not_a_traceback(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_an_error_naming_a_dataset_keeps_its_brackets(tmp_path):
+    """Rich markup would read ``[qa]`` as a style and print ``datasets.source``: the key the user must fix."""
+    path = tmp_path / "run.yaml"
+    path.write_text("run_dir: out\ndatasets:\n  - {name: qa, source: missing.jsonl}\n")
+    result = eyas("estimate", str(path))
+    assert result.returncode == 2
+    said = "".join(result.stderr.split())  # rich wraps a long path anywhere
+    assert "error:datasets[qa].source:" in said and said.endswith("missing.jsonldoesnotexist")
+
+
 def test_tune_and_scaling_refuse_bad_flags_by_name(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("run_dir: out\n")

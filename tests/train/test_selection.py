@@ -17,22 +17,22 @@ from eyas.target.heads import from_model
 from eyas.train.data import OnlineSource, Sample
 from eyas.train.distributed import World
 from eyas.train.metrics import read_metrics
-from eyas.train.selection import flatness, sample_flatness, select
+from eyas.train.selection import peakedness, sample_peakedness, select
 from tests.train.conftest import load_tiny
 
 CPU = World(0, 1, torch.device("cpu"))
 
 
-def test_flatness_is_one_minus_the_cosine_to_the_uniform_distribution():
+def test_peakedness_is_one_minus_the_cosine_to_the_uniform_distribution():
     vocab = 1000
     uniform, peaked, drawn = torch.zeros(vocab), torch.full((vocab,), -1e4), torch.randn(vocab, generator=torch.Generator().manual_seed(0))
     peaked[3] = 0.0
     p = torch.softmax(drawn, dim=-1)
     by_definition = 1 - F.cosine_similarity(p, torch.full_like(p, 1 / vocab), dim=0)
-    assert float(flatness(drawn)) == pytest.approx(float(by_definition), rel=1e-5)
-    assert float(flatness(uniform)) == pytest.approx(0.0, abs=1e-6)
-    assert float(flatness(peaked)) == pytest.approx(1 - 1 / math.sqrt(vocab), rel=1e-6)
-    assert float(flatness(uniform)) < float(flatness(drawn)) < float(flatness(peaked))
+    assert float(peakedness(drawn)) == pytest.approx(float(by_definition), rel=1e-5)
+    assert float(peakedness(uniform)) == pytest.approx(0.0, abs=1e-6)
+    assert float(peakedness(peaked)) == pytest.approx(1 - 1 / math.sqrt(vocab), rel=1e-6)
+    assert float(peakedness(uniform)) < float(peakedness(drawn)) < float(peakedness(peaked))
 
 
 @pytest.fixture(scope="module")
@@ -44,12 +44,12 @@ def source(model, corpus_rows):
 
 def test_the_flattest_half_is_ranked_by_the_targets_own_logits_on_the_trained_positions(model, source, tmp_path):
     lm_head = from_model(model).lm_head
-    scores = sample_flatness(source, lm_head, CPU)
+    scores = sample_peakedness(source, lm_head, CPU)
     with torch.inference_mode():
         for i, sample in enumerate(source.samples):
             logits = model(torch.from_numpy(sample.input_ids)[None]).logits[0]
             trained = np.flatnonzero(sample.loss_mask[1:])  # positions whose next token is an answer token
-            assert float(scores[i]) == pytest.approx(float(flatness(logits[trained]).mean()), rel=1e-4)
+            assert float(scores[i]) == pytest.approx(float(peakedness(logits[trained]).mean()), rel=1e-4)
     assert len(set(scores.tolist())) == len(source), "samples this different score differently"
 
     kept = select(load_tiny(tmp_path, keep=0.5).train, source, lm_head, CPU)

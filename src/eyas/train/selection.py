@@ -3,10 +3,11 @@
 The flattest share (``train.keep_by: flatness``) is SFDD (arXiv 2601.18902, "Flatter Tokens are
 More Valuable for Speculative Draft Model Training"): a position whose target distribution is
 sharply peaked teaches the drafter little it would not learn elsewhere, while a flat one carries
-the probability mass acceptance depends on. A token's flatness is 1 − cos(p, u), the cosine
-between the target's distribution p and the uniform u over the vocabulary; a sample's is the mean
-over the positions it trains; the samples with the *lowest* scores are kept (the paper's reading
-of its own metric: its code keeps the smaller scores). The paper keeps half of its data within 4%
+the probability mass acceptance depends on. SFDD scores a token by 1 − cos(p, u), the cosine
+between the target's distribution p and the uniform u over the vocabulary (its *peakedness*
+here: 0 for a uniform p, higher the sharper p is); a sample's score is the mean over the positions
+it trains, and the samples with the *lowest* scores, the flattest, are kept, as the paper's code
+keeps them. The paper keeps half of its data within 4%
 of the full data's speed-up, training in half the time. ``random`` keeps a seeded random share:
 the control that tells what the ranking itself is worth.
 
@@ -30,7 +31,7 @@ from eyas.train.distributed import World
 log = logging.getLogger(__name__)
 
 
-def flatness(logits: torch.Tensor) -> torch.Tensor:
+def peakedness(logits: torch.Tensor) -> torch.Tensor:
     """1 − cos(softmax(logits), uniform) along the last dimension: 0 for a uniform distribution,
     1 − 1/√V for a one-hot. With u = 1/V everywhere, cos(p, u) = (Σp / V) / (‖p‖ · ‖u‖) =
     1 / (√V · ‖p‖), so no uniform vector is built."""
@@ -38,8 +39,8 @@ def flatness(logits: torch.Tensor) -> torch.Tensor:
     return 1 - 1 / (math.sqrt(p.shape[-1]) * p.norm(dim=-1))
 
 
-def sample_flatness(source, lm_head: torch.Tensor, world: World, rows_per_chunk: int = 512) -> torch.Tensor:
-    """[N] float64: each sample's mean flatness of the target's distribution over the positions it
+def sample_peakedness(source, lm_head: torch.Tensor, world: World, rows_per_chunk: int = 512) -> torch.Tensor:
+    """[N] float64: each sample's mean peakedness of the target's distribution over the positions it
     trains (the full vocabulary, as the target verifies with it); +inf for a sample that trains
     none, which every share leaves out first."""
     scores = torch.zeros(len(source), dtype=torch.float64, device=world.device)
@@ -49,7 +50,7 @@ def sample_flatness(source, lm_head: torch.Tensor, world: World, rows_per_chunk:
         if rows.shape[0] == 0:
             scores[i] = math.inf
             continue
-        total = sum(float(flatness(chunk @ lm_head.T).double().sum()) for chunk in rows.split(rows_per_chunk))
+        total = sum(float(peakedness(chunk @ lm_head.T).double().sum()) for chunk in rows.split(rows_per_chunk))
         scores[i] = total / rows.shape[0]
     return world.sum(scores).cpu()
 
@@ -83,13 +84,14 @@ def select(cfg: TrainConfig, source, lm_head: torch.Tensor, world: World):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed)).tolist()
         log.info("train.keep %g: training on %d of %d samples, a random share (seed %d)", cfg.keep, count, n, cfg.seed)
         return Kept(source, sorted(order[:count]))
-    scores = sample_flatness(source, lm_head, world)
+    scores = sample_peakedness(source, lm_head, world)
     order = sorted(range(n), key=lambda i: (scores[i].item(), i))
     kept, left = order[:count], order[count:]
     finite = scores[torch.isfinite(scores)]
     log.info(
         "train.keep %g: training on %d of %d samples, the flattest by the target's distribution on the positions "
-        "they train (mean flatness %.4f kept, %.4f left out; %.4f–%.4f over the split)",
+        "they train (mean 1 − cos(p, uniform), lower is flatter: %.4f kept, %.4f left out; %.4f–%.4f over the "
+        "split)",
         cfg.keep,
         count,
         n,
