@@ -1,4 +1,5 @@
 import json
+import shutil
 import subprocess
 import sys
 
@@ -12,10 +13,12 @@ from eyas.config import ConfigError, RunConfig
 from eyas.merge.plan import base_prompt_id
 from eyas.merge.reader import held_out_prompts, iter_split, read_rows, split_files, split_lengths
 from eyas.merge.shuffle import Buckets
-from eyas.paths import RunPaths
+from eyas.paths import MARKER, RunPaths
 from eyas.records import TOKENIZED_COLUMNS
-from eyas.stage import StageError
+from eyas.stage import StageError, digest, read_marker
 from tests.corpus import write_tokenized
+from tests.kills import kill_at_each
+from tests.stages import mark_finished
 
 
 def make_run(tmp_path, corpus_rows, datasets=None, **merge_cfg):
@@ -202,3 +205,49 @@ def test_a_rows_prompt_id_drops_its_turn_and_answer_numbers():
     for prompt_id in ("abc", "abc~2", "abc#1", "abc~2#1"):
         assert row_prompt_id(prompt_id) == "abc" and base_prompt_id(f"ds/{prompt_id}") == "abc"
     assert row_prompt_id("a~b") == "a~b" and row_prompt_id("q#x") == "q#x"
+
+
+def merged_files(paths: RunPaths) -> dict:
+    """The merge on disk, file by file (the run directory written as ``<run>``: stats name their
+    sources), and its marker by digest (the marker also records the time taken)."""
+    files = {
+        f.name: f.read_bytes().replace(bytes(paths.root), b"<run>")
+        for f in sorted(paths.merge_dir.glob("*"))
+        if f.name != MARKER
+    }
+    marker = read_marker(paths.marker("merge"))
+    return files | {MARKER: digest(marker) if marker else None}
+
+
+@pytest.mark.slow
+def test_a_merge_killed_at_any_point_leaves_the_old_corpus_or_the_new_never_a_mix(tmp_path, corpus_rows):
+    config, paths = make_run(tmp_path, corpus_rows, seed=1, shard_samples=3)
+    for name in corpus_rows:  # what `eyas merge` checks its inputs by; the rows are the tokenized files'
+        paths.generations(name).parent.mkdir(exist_ok=True)
+        paths.generations(name).touch()
+    paths.tokenize_report.write_text("{}")
+    mark_finished(config, "generate", "tokenize")
+    merge.run(config, quiet=True)
+    old = merged_files(paths)
+    reseeded = config.model_copy(update={"merge": config.merge.model_copy(update={"seed": 2})})
+    uninterrupted = RunPaths(shutil.copytree(paths.root, tmp_path / "uninterrupted"))
+    merge.run(reseeded.model_copy(update={"run_dir": str(uninterrupted.root)}), quiet=True)
+    path = tmp_path / "run.yaml"
+    path.write_text(json.dumps(reseeded.model_dump(mode="json")))
+    aside = paths.root / "merge.tmp"
+    kill_points = [
+        lambda: aside.is_dir(),
+        lambda: (aside / "train-00000.parquet").exists(),
+        lambda: (aside / "stats.json").exists(),
+        lambda: (aside / MARKER).exists(),
+    ]
+    command = [sys.executable, "-m", "eyas", "merge", str(path), "-q", "--redo"]
+    seen = kill_at_each(command, kill_points, lambda: merged_files(paths), old)
+    assert seen[0] == "old", seen
+    if seen[-1] == "new":  # the merge finished before the last kill: the new corpus, whole
+        assert merged_files(paths) == merged_files(uninterrupted)
+    else:  # the last kill landed mid-merge, leaving its work aside
+        assert aside.is_dir()
+    assert subprocess.run(command).returncode == 0
+    assert merged_files(paths) == merged_files(uninterrupted) != old
+    assert not aside.exists() and not paths.root.joinpath("merge.old").exists()
