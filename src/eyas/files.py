@@ -53,6 +53,16 @@ def naming(error: OSError, path: Path) -> OSError:
 
 
 @contextlib.contextmanager
+def errors_naming(path: Path) -> Iterator[None]:
+    """Raise an OSError from inside with ``path`` named (:func:`naming`): for writers, such as
+    Arrow's, whose errors carry the errno but no file."""
+    try:
+        yield
+    except OSError as e:
+        raise naming(e, path) from None
+
+
+@contextlib.contextmanager
 def atomic_path(path: Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write; on success it replaces ``path``, durably.
 

@@ -2,6 +2,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -15,8 +16,10 @@ from eyas.merge.reader import held_out_prompts, iter_split, read_rows, split_fil
 from eyas.merge.shuffle import Buckets
 from eyas.paths import MARKER, RunPaths
 from eyas.records import TOKENIZED_COLUMNS
+from eyas.space import EXIT_CODE as DISK_FULL
 from eyas.stage import StageError, digest, read_marker
 from tests.corpus import write_tokenized
+from tests.disks import fill, small_disk
 from tests.kills import kill_at_each
 from tests.stages import mark_finished
 
@@ -219,21 +222,28 @@ def merged_files(paths: RunPaths) -> dict:
     return files | {MARKER: digest(marker) if marker else None}
 
 
-@pytest.mark.slow
-def test_a_merge_killed_at_any_point_leaves_the_old_corpus_or_the_new_never_a_mix(tmp_path, corpus_rows):
-    config, paths = make_run(tmp_path, corpus_rows, seed=1, shard_samples=3)
+def reseeded_run(root, corpus_rows) -> tuple[RunPaths, Path, dict]:
+    """A run merged with seed 1 that `eyas merge` accepts (its inputs' markers and files in place),
+    a config file asking for seed 2, and the files an uninterrupted merge of it writes (in a copy)."""
+    config, paths = make_run(root, corpus_rows, seed=1, shard_samples=3)
     for name in corpus_rows:  # what `eyas merge` checks its inputs by; the rows are the tokenized files'
         paths.generations(name).parent.mkdir(exist_ok=True)
         paths.generations(name).touch()
     paths.tokenize_report.write_text("{}")
     mark_finished(config, "generate", "tokenize")
     merge.run(config, quiet=True)
-    old = merged_files(paths)
     reseeded = config.model_copy(update={"merge": config.merge.model_copy(update={"seed": 2})})
-    uninterrupted = RunPaths(shutil.copytree(paths.root, tmp_path / "uninterrupted"))
+    uninterrupted = RunPaths(shutil.copytree(paths.root, root / "uninterrupted"))
     merge.run(reseeded.model_copy(update={"run_dir": str(uninterrupted.root)}), quiet=True)
-    path = tmp_path / "run.yaml"
+    path = root / "run.yaml"
     path.write_text(json.dumps(reseeded.model_dump(mode="json")))
+    return paths, path, merged_files(uninterrupted)
+
+
+@pytest.mark.slow
+def test_a_merge_killed_at_any_point_leaves_the_old_corpus_or_the_new_never_a_mix(tmp_path, corpus_rows):
+    paths, path, uninterrupted = reseeded_run(tmp_path, corpus_rows)
+    old = merged_files(paths)
     aside = paths.root / "merge.tmp"
     kill_points = [
         lambda: aside.is_dir(),
@@ -245,9 +255,27 @@ def test_a_merge_killed_at_any_point_leaves_the_old_corpus_or_the_new_never_a_mi
     seen = kill_at_each(command, kill_points, lambda: merged_files(paths), old)
     assert seen[0] == "old", seen
     if seen[-1] == "new":  # the merge finished before the last kill: the new corpus, whole
-        assert merged_files(paths) == merged_files(uninterrupted)
+        assert merged_files(paths) == uninterrupted
     else:  # the last kill landed mid-merge, leaving its work aside
         assert aside.is_dir()
     assert subprocess.run(command).returncode == 0
-    assert merged_files(paths) == merged_files(uninterrupted) != old
+    assert merged_files(paths) == uninterrupted != old
     assert not aside.exists() and not paths.root.joinpath("merge.old").exists()
+
+
+@pytest.mark.slow
+def test_a_merge_on_a_full_disk_exits_7_naming_where_it_wrote_and_keeps_the_old_corpus(tmp_path, corpus_rows):
+    with small_disk(tmp_path / "disk", "16M") as disk:
+        paths, path, uninterrupted = reseeded_run(disk, corpus_rows)
+        old = merged_files(paths)
+        ballast = fill(disk)
+        command = [sys.executable, "-m", "eyas", "merge", str(path), "-q", "--redo"]
+        done = subprocess.run(command, capture_output=True, text=True)
+        said = "".join((done.stdout + done.stderr).split())  # rich wraps a long path anywhere
+        assert done.returncode == DISK_FULL, said
+        assert f"thediskisfullwriting{paths.root / 'merge.tmp'}" in said and "Traceback" not in said, said
+        assert merged_files(paths) == old
+        assert not (paths.root / "merge.tmp").exists(), "what was built aside gives its room back"
+        ballast.unlink()
+        assert subprocess.run(command).returncode == 0
+        assert merged_files(paths) == uninterrupted

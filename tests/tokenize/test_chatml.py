@@ -1,6 +1,7 @@
 """chatml and auto on the real SmolLM2 tokenizer, proven against ids the real model sampled."""
 
 import json
+import shutil
 import subprocess
 import sys
 from dataclasses import replace
@@ -15,12 +16,16 @@ from eyas.config import ConfigError, load_config
 from eyas.generate.store import read_records
 from eyas.paths import RunPaths
 from eyas.records import TOKENIZED_COLUMNS, GenerationRecord, Usage
+from eyas.space import EXIT_CODE as DISK_FULL
+from eyas.stage import digest, read_marker
 from eyas.tokenize.auto import AutoFormat
 from eyas.tokenize.encoders import HFEncoder
 from eyas.tokenize.formats import FORMATS
 from eyas.tokenize.rebuild import Rebuilder
 from eyas.tokenize.verify import compare
 from tests.conftest import ROOT, write_jsonl
+from tests.disks import fill, small_disk
+from tests.kills import kill_at_each
 
 QUESTIONS = ["What is 2+2? Answer with one number.", "Say hello.", "Reply with the word yes.", "Name a color."]
 GOLDEN = Path(__file__).parent / "golden" / "chatml_smollm2.json"
@@ -268,3 +273,73 @@ def test_a_turn_ended_by_a_stop_string_has_no_end_of_turn(generated, tokenizer):
     assert sample.flags == ["stop-string"] and compare(sample, encoder) is None
     (without,), _ = Rebuilder(FORMATS["chatml"](encoder)).rebuild([cut])
     assert "billing-mismatch" in without.flags and without.completion_ids[-1] == 2
+
+
+def tokenized_files(paths: RunPaths) -> dict:
+    """Tokenize's outputs on disk (the run directory written as ``<run>``), its marker by digest."""
+    files = [paths.tokenized("qa"), paths.tokenize_done("qa"), paths.tokenize_report]
+    marker = read_marker(paths.marker("tokenize"))
+    return {f.name: f.read_bytes().replace(bytes(paths.root), b"<run>") if f.exists() else None for f in files} | {
+        "marker": digest(marker) if marker else None
+    }
+
+
+def redo_ready(root: Path, generated) -> tuple[RunPaths, Path, dict]:
+    """The module's records in ``root/run``, tokenized; a config file that redoes them
+    (``on_mismatch: drop``); and the files an uninterrupted redo writes (in a copy)."""
+    root.mkdir(exist_ok=True)
+    shutil.copy(generated[0] / "prompts.jsonl", root)
+    shutil.copytree(generated[0] / "run" / "generate", root / "run" / "generate")
+    tokenize.run(load_config(write_config(root, "old.yaml")), quiet=True)
+    path = write_config(root, "new.yaml", on_mismatch="drop")
+    uninterrupted = shutil.copytree(root, root.with_name(root.name + "-uninterrupted"))
+    tokenize.run(load_config(uninterrupted / "new.yaml"), quiet=True)
+    return RunPaths(root / "run"), path, tokenized_files(RunPaths(uninterrupted / "run"))
+
+
+@pytest.mark.slow
+def test_a_tokenize_killed_at_any_point_is_never_vouched_for_and_the_rerun_is_an_uninterrupted_one(generated, tmp_path):
+    paths, path, uninterrupted = redo_ready(tmp_path, generated)
+    old = tokenized_files(paths)
+    aside = paths.tokenized("qa").with_name("qa.parquet.tmp")
+    kill_points = [
+        lambda: not paths.marker("tokenize").exists(),
+        lambda: aside.exists(),
+        lambda: paths.tokenize_done("qa").read_bytes() != old["qa.done.json"],
+    ]
+    command = [sys.executable, "-m", "eyas", "tokenize", str(path), "-q"]
+    # A kill leaves the old outputs with their marker, or no marker (nothing vouched for): both
+    # read as "old" here; anything else under a marker must be the new outputs, whole.
+    vouched = lambda: old if tokenized_files(paths)["marker"] is None else tokenized_files(paths)  # noqa: E731
+    seen = kill_at_each(command, kill_points, vouched, old, cwd=ROOT)
+    if seen[-1] == "new":
+        assert tokenized_files(paths) == uninterrupted
+    assert subprocess.run(command, cwd=ROOT).returncode == 0
+    assert tokenized_files(paths) == uninterrupted != old
+    assert not aside.exists()
+
+
+@pytest.mark.slow
+def test_a_tokenize_on_a_full_disk_exits_7_naming_its_file_and_the_rerun_is_an_uninterrupted_one(generated, tmp_path):
+    """A first tokenize: a redo of the same records would fit in the room its old files give back."""
+    root, _ = generated
+    uninterrupted = tmp_path / "uninterrupted"
+    shutil.copytree(root / "run" / "generate", uninterrupted / "run" / "generate")
+    shutil.copy(root / "prompts.jsonl", uninterrupted)
+    with small_disk(tmp_path / "disk", "16M") as disk:
+        shutil.copytree(uninterrupted, disk, dirs_exist_ok=True)
+        path = write_config(disk)
+        tokenize.run(load_config(write_config(uninterrupted)), quiet=True)
+        paths = RunPaths(disk / "run")
+        ballast = fill(disk)
+        command = [sys.executable, "-m", "eyas", "tokenize", str(path), "-q"]
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+        said = "".join((done.stdout + done.stderr).split())  # rich wraps a long path anywhere
+        assert done.returncode == DISK_FULL, said
+        aside = paths.tokenized("qa").with_name("qa.parquet.tmp")
+        assert f"thediskisfullwriting{aside}" in said and "Traceback" not in said, said
+        assert not aside.exists(), "the file it could not finish gives its room back"
+        assert tokenized_files(paths) == dict.fromkeys(["qa.parquet", "qa.done.json", "report.json", "marker"])
+        ballast.unlink()
+        assert subprocess.run(command, cwd=ROOT).returncode == 0
+        assert tokenized_files(paths) == tokenized_files(RunPaths(uninterrupted / "run"))

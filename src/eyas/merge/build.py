@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from eyas.config import ConfigError, DatasetConfig, RunConfig
 from eyas.console import progress
-from eyas.files import replace_dir
+from eyas.files import naming, replace_dir
 from eyas.merge import plan
 from eyas.merge.shuffle import Buckets, SplitWriter
 from eyas.merge.stats import DROP_REASONS, SplitStats
@@ -184,7 +184,16 @@ def merge(config: RunConfig, started: StageRun, quiet: bool = False) -> dict:
         phase = _Phase(bar)
         phase.start("merge: scan", rows)
         scans = [scan(d, path, m.max_seq_len, phase.advance) for d, path in zip(datasets, inputs)]
-        return _shuffle_and_write(config, paths, scans, phase, rows, started)
+        tmp = paths.root / "merge.tmp"
+        try:
+            stats = _shuffle_and_write(config, scans, phase, rows, tmp)
+            started.finish(paths.moving("merge", tmp).marker("merge"))
+        except OSError as e:
+            # What was built aside is no corpus yet: removed, so a full disk gets its room back.
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise naming(e, tmp) from None
+    replace_dir(tmp, paths.merge_dir)
+    return stats
 
 
 class _Phase:
@@ -204,9 +213,8 @@ class _Phase:
         self.bar.update(self.task, completed=self.done, rate=self.done / max(time.monotonic() - self.started, 1e-9))
 
 
-def _shuffle_and_write(
-    config: RunConfig, paths: RunPaths, scans: list[Scan], phase: _Phase, rows: int, started: StageRun
-) -> dict:
+def _shuffle_and_write(config: RunConfig, scans: list[Scan], phase: _Phase, rows: int, tmp: Path) -> dict:
+    """The corpus and its stats, built in ``tmp``; returns the stats."""
     m = config.merge
 
     prompts = {plan.base_prompt_id(i) for s in scans for i in s.ids}
@@ -216,7 +224,6 @@ def _shuffle_and_write(
     held_out = plan.select_eval(prompts, m.seed, k)
 
     schema = tokenized_arrow_schema()
-    tmp = paths.root / "merge.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     stats: dict = {
@@ -270,6 +277,4 @@ def _shuffle_and_write(
     stats.update({split: total.to_json() for split, total in totals.items()})
     stats["dropped"] = {r: sum(e["dropped"][r] for e in stats["datasets"].values()) for r in DROP_REASONS}
     (tmp / MERGE_STATS).write_text(json.dumps(stats, indent=2))
-    started.finish(paths.moving("merge", tmp).marker("merge"))
-    replace_dir(tmp, paths.merge_dir)
     return stats

@@ -108,10 +108,10 @@ def _tokenize_dataset(
                 out.write(table_of(kept, fmt.name))
                 rate = report.tokens / max(time.monotonic() - started, 1e-9)
                 bar.update(task, advance=len(chunk), rate=rate)
+        out.commit()
     except BaseException:
         out.abort()
         raise
-    out.commit()
     return report
 
 

@@ -6,6 +6,7 @@ final file exists only whole. Lists are built from flat arrays and offsets, not 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from eyas.files import fsync_dir, fsync_file
+from eyas.files import errors_naming, fsync_dir, fsync_file
 from eyas.records import tokenized_arrow_schema
 from eyas.tokenize.rebuild import Sample
 
@@ -57,17 +58,27 @@ class ParquetOut:
         self.path = path
         self.tmp = path.with_name(path.name + ".tmp")
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._writer = pq.ParquetWriter(self.tmp, SCHEMA)
+        try:
+            with errors_naming(self.tmp):
+                self._writer = pq.ParquetWriter(self.tmp, SCHEMA)
+        except OSError:
+            self.tmp.unlink(missing_ok=True)
+            raise
 
     def write(self, table: pa.Table) -> None:
-        self._writer.write_table(table)
+        with errors_naming(self.tmp):
+            self._writer.write_table(table)
 
     def commit(self) -> None:
-        self._writer.close()
-        fsync_file(self.tmp)
+        with errors_naming(self.tmp):
+            self._writer.close()
+            fsync_file(self.tmp)
         self.tmp.replace(self.path)
         fsync_dir(self.path.parent)
 
     def abort(self) -> None:
-        self._writer.close()
+        """Drop the temporary file; closing it may fail as its writes did (a full disk), and
+        must not hide the error that stopped the stage."""
+        with contextlib.suppress(OSError):
+            self._writer.close()
         self.tmp.unlink(missing_ok=True)
