@@ -308,9 +308,12 @@ def test_a_tokenize_killed_at_any_point_is_never_vouched_for_and_the_rerun_is_an
         lambda: paths.tokenize_done("qa").read_bytes() != old["qa.done.json"],
     ]
     command = [sys.executable, "-m", "eyas", "tokenize", str(path), "-q"]
+
     # A kill leaves the old outputs with their marker, or no marker (nothing vouched for): both
     # read as "old" here; anything else under a marker must be the new outputs, whole.
-    vouched = lambda: old if tokenized_files(paths)["marker"] is None else tokenized_files(paths)  # noqa: E731
+    def vouched() -> dict:
+        return old if tokenized_files(paths)["marker"] is None else tokenized_files(paths)
+
     seen = kill_at_each(command, kill_points, vouched, old, cwd=ROOT)
     if seen[-1] == "new":
         assert tokenized_files(paths) == uninterrupted

@@ -131,4 +131,7 @@ def test_a_drafter_trained_before_the_recipe_keys_existed_stays_current_until_on
         'train.position_weighting: (default) → "dpace"',
     ]
     assert status(tmp_path, keep_by="random").status == "current"
-    assert status(tmp_path, keep=0.5).changes == ["train.keep: (default) → 0.5", 'train.keep_by: (default) → "flatness"']
+    assert status(tmp_path, keep=0.5).changes == [
+        "train.keep: (default) → 0.5",
+        'train.keep_by: (default) → "flatness"',
+    ]

@@ -25,7 +25,11 @@ CPU = World(0, 1, torch.device("cpu"))
 
 def test_peakedness_is_one_minus_the_cosine_to_the_uniform_distribution():
     vocab = 1000
-    uniform, peaked, drawn = torch.zeros(vocab), torch.full((vocab,), -1e4), torch.randn(vocab, generator=torch.Generator().manual_seed(0))
+    uniform, peaked, drawn = (
+        torch.zeros(vocab),
+        torch.full((vocab,), -1e4),
+        torch.randn(vocab, generator=torch.Generator().manual_seed(0)),
+    )
     peaked[3] = 0.0
     p = torch.softmax(drawn, dim=-1)
     by_definition = 1 - F.cosine_similarity(p, torch.full_like(p, 1 / vocab), dim=0)
@@ -63,7 +67,10 @@ def test_the_flattest_half_is_ranked_by_the_targets_own_logits_on_the_trained_po
 
 def test_a_random_share_is_drawn_with_the_seed(model, source, tmp_path):
     lm_head = from_model(model).lm_head
-    pick = lambda seed: select(load_tiny(tmp_path, keep=0.5, keep_by="random", seed=seed).train, source, lm_head, CPU).kept  # noqa: E731
+
+    def pick(seed: int) -> list[int]:
+        return select(load_tiny(tmp_path, keep=0.5, keep_by="random", seed=seed).train, source, lm_head, CPU).kept
+
     assert pick(0) == pick(0) and len(pick(0)) == len(source) // 2
     assert pick(0) != pick(1)
     assert select(load_tiny(tmp_path).train, source, lm_head, CPU) is source
@@ -78,4 +85,3 @@ def test_a_run_trains_on_the_kept_share_and_its_fingerprint_says_so(merged_run):
     marker = read_marker(RunPaths.of(config).marker("train"))
     assert marker["run"]["samples"] == 4
     assert marker["fingerprint"]["train.keep"] == 0.5 and marker["fingerprint"]["train.keep_by"] == "flatness"
-
