@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +17,9 @@ from safetensors.torch import load_file
 import eyas.export
 from eyas.config import ConfigError
 from eyas.drafter.families import load_drafter, save_drafter
+from eyas.space import EXIT_CODE as DISK_FULL
 from eyas.stage import StageError
+from tests.disks import fill, small_disk
 from tests.stages import mark_finished
 from tests.train.conftest import load_tiny, subprocess_env, write_config
 from tests.train.helpers import small_drafter
@@ -164,14 +168,20 @@ def test_export_before_training_names_the_missing_directory(tmp_path):
         eyas.export.run(load_tiny(tmp_path / "run"))
 
 
-def test_cli_export_and_bad_format(trained_run):
-    run_dir, _ = trained_run
+def exportable(run_dir: Path) -> Path:
+    """The run's config file, with the drafter made by hand declared finished, and the corpus it
+    would come from, so that `eyas export` takes it."""
     config = write_config(run_dir)
-    # The drafter was made by hand: declare it, and the corpus it would come from, finished.
     for path in (run_dir / "tokenize" / "report.json", run_dir / "merge" / "stats.json"):
         path.parent.mkdir()
         path.write_text("{}")
     mark_finished(load_tiny(run_dir), "generate", "tokenize", "merge", "train")
+    return config
+
+
+def test_cli_export_and_bad_format(trained_run):
+    run_dir, _ = trained_run
+    config = exportable(run_dir)
     done = subprocess.run(
         [sys.executable, "-m", "eyas", "export", str(config), "--format", "vllm"],
         capture_output=True,
@@ -317,3 +327,22 @@ def test_a_gguf_type_the_converter_cannot_write_is_refused_naming_the_option(arg
     assert isinstance(result.exception, ConfigError) and said in str(result.exception)
     assert "q8_0" in str(result.exception) or "--format gguf" in said
     assert not (tmp_path / "run" / "export").exists(), "nothing is written"
+
+
+@pytest.mark.slow
+def test_an_export_that_will_not_fit_stops_before_writing_and_keeps_the_old_layout(trained_run, tmp_path):
+    with small_disk(tmp_path / "disk", "64M") as disk:  # the drafter, a layout, and room for one more
+        run_dir = shutil.copytree(trained_run[0], disk / "run")
+        command = [sys.executable, "-m", "eyas", "export", str(exportable(run_dir)), "--format", "vllm", "-q"]
+        assert subprocess.run(command, env=subprocess_env(), timeout=300).returncode == 0
+        layout = run_dir / "export" / "vllm"
+        old = {f.name: f.read_bytes() for f in layout.iterdir()}
+        ballast = fill(disk)
+        done = subprocess.run(command, capture_output=True, text=True, env=subprocess_env(), timeout=300)
+        said = " ".join((done.stdout + done.stderr).split())
+        assert done.returncode == DISK_FULL, said
+        assert "free on its disk, and this would write about" in said and "export: vllm" in said, said
+        assert {f.name: f.read_bytes() for f in layout.iterdir()} == old
+        assert not layout.with_name("vllm.tmp").exists()
+        ballast.unlink()
+        assert subprocess.run(command, env=subprocess_env(), timeout=300).returncode == 0

@@ -63,7 +63,7 @@ def run(config: RunConfig, quiet: bool = False) -> list[Path]:
     """The stage: every layout the run serves, then the marker; returns their directories."""
     paths = RunPaths.of(config)
     started = begin(config, CONTRACT, paths)
-    _require_room(config, paths)
+    _require_room(paths, formats_for(config))
     # Until every layout is rewritten, no marker vouches for the directory.
     paths.marker("export").unlink(missing_ok=True)
     written = [export_one(config, f) for f in formats_for(config)]
@@ -71,7 +71,7 @@ def run(config: RunConfig, quiet: bool = False) -> list[Path]:
     return written
 
 
-def _require_room(config: RunConfig, paths: RunPaths) -> None:
+def _require_room(paths: RunPaths, formats: list[str]) -> None:
     """Each layout holds the drafter's weights once (at most as large as training's float32),
     written beside the old one before it is replaced."""
     from eyas.drafter.layout import WEIGHTS_FILE
@@ -79,7 +79,6 @@ def _require_room(config: RunConfig, paths: RunPaths) -> None:
 
     weights = paths.train_final / WEIGHTS_FILE
     if weights.is_file():
-        formats = formats_for(config)
         need = Need(f"export: {', '.join(formats)}", weights.stat().st_size * len(formats))
         require_room(paths.export_dir, [need], [])
 
@@ -88,7 +87,7 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
     """Write one layout (to ``run_dir/export/FORMAT`` or ``out``); returns its directory."""
     from eyas.drafter import layout
     from eyas.drafter.families import family_of, read_drafter
-    from eyas.target import load_model_config, resolve_target, text_config
+    from eyas.target import load_model_config, text_config
     from eyas.target.capture import check_aux_layers
 
     if format not in FORMATS:
@@ -107,11 +106,26 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
     except ValueError as e:
         raise ConfigError(str(e)) from None
     family.require_format(format)
-    dtype = target_dtype(model_config)
     out = Path(out) if out is not None else paths.export(format)
-    verifier = resolve_target(config.target).name_or_path
+    _require_room(paths, [format])
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        _write_layout(config, format, family, spec, weights, model_config, tmp, out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # no layout yet: a full disk gets its room back
+        raise
+    replace_dir(tmp, out)
+    return out
+
+
+def _write_layout(config: RunConfig, format: str, family, spec, weights, model_config, tmp: Path, out: Path) -> None:
+    """The layout's files and its README (how to serve it from ``out``) in ``tmp``."""
+    from eyas.drafter import layout
+    from eyas.target import resolve_target
+
+    dtype = target_dtype(model_config)
+    verifier = resolve_target(config.target).name_or_path
     steps = spec.draft_length(config.eval.num_draft_tokens)
     if format == "gguf":
         from eyas.export.gguf import write_gguf
@@ -127,5 +141,3 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
         family.export(format, weights, spec, tmp, dtype, (verifier, architectures), steps)
         readme = family.readme(spec, format, out.resolve(), verifier, steps, layout.dtype_name(dtype))
     (tmp / "README.md").write_text(readme)
-    replace_dir(tmp, out)
-    return out
