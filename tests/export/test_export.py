@@ -20,6 +20,7 @@ from eyas.drafter.families import load_drafter, save_drafter
 from eyas.space import EXIT_CODE as DISK_FULL
 from eyas.stage import StageError
 from tests.disks import fill, small_disk
+from tests.kills import kill_at_each
 from tests.stages import mark_finished
 from tests.train.conftest import load_tiny, subprocess_env, write_config
 from tests.train.helpers import small_drafter
@@ -346,3 +347,35 @@ def test_an_export_that_will_not_fit_stops_before_writing_and_keeps_the_old_layo
         assert not layout.with_name("vllm.tmp").exists()
         ballast.unlink()
         assert subprocess.run(command, env=subprocess_env(), timeout=300).returncode == 0
+
+
+@pytest.mark.slow
+def test_an_export_killed_at_any_point_leaves_the_old_layout_or_the_new_never_a_mix(trained_run, model, tmp_path):
+    run_dir, _ = trained_run
+    command = [sys.executable, "-m", "eyas", "export", str(exportable(run_dir)), "--format", "vllm", "-q"]
+    assert subprocess.run(command, env=subprocess_env(), timeout=300).returncode == 0
+    layout = run_dir / "export" / "vllm"
+
+    def files(root: Path = run_dir) -> dict:
+        """The layout under ``root``, file by file (its README names the directory: written as <run>)."""
+        where = root / "export" / "vllm"
+        return {f.name: f.read_bytes().replace(bytes(root), b"<run>") for f in sorted(where.iterdir())}
+
+    old = files()
+    save_drafter(small_drafter(model, seed=1), run_dir / "train" / "final")  # another drafter to export
+    uninterrupted = shutil.copytree(run_dir, tmp_path / "uninterrupted")
+    config = write_config(uninterrupted)
+    done = subprocess.run([*command[:4], str(config), *command[5:]], env=subprocess_env(), timeout=300)
+    assert done.returncode == 0
+    new = files(uninterrupted)
+    aside = layout.with_name("vllm.tmp")
+    kill_points = [
+        lambda: aside.is_dir(),
+        lambda: (aside / "model.safetensors").exists(),
+        lambda: (aside / "README.md").exists(),
+    ]
+    seen = kill_at_each(command, kill_points, files, old, env=subprocess_env())
+    assert seen[0] == "old", seen
+    assert files() in (old, new)
+    assert subprocess.run(command, env=subprocess_env(), timeout=300).returncode == 0
+    assert files() == new != old and not aside.exists()
