@@ -137,6 +137,21 @@ def replace_dir(new: Path, old: Path) -> None:
         shutil.rmtree(aside)
 
 
+@contextlib.contextmanager
+def built_aside(out: Path) -> Iterator[Path]:
+    """``<out>.tmp``, empty, to build a stage's outputs in; swapped in whole for ``out`` when the
+    block ends (:func:`replace_dir`). A write that fails there (a full disk) removes what was built,
+    so the disk gets its room back, and the error names the place."""
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        yield tmp
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise naming(e, tmp) from None
+    replace_dir(tmp, out)
+
+
 def recover_dir(path: Path) -> None:
     """Mend a :func:`replace_dir` that was cut short: between its two renames the old outputs
     come back; after the swap, the rest of the swapped-out outputs is deleted."""

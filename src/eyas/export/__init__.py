@@ -23,12 +23,11 @@ and leaves the marker alone.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from eyas.config import ConfigError, RunConfig
 from eyas.drafter.layout import target_dtype
-from eyas.files import replace_dir
+from eyas.files import built_aside
 from eyas.paths import RunPaths
 from eyas.stage import StageContract, StageError, begin, target_identity
 
@@ -108,14 +107,8 @@ def export_one(config: RunConfig, format: str = "sglang", out: str | Path | None
     family.require_format(format)
     out = Path(out) if out is not None else paths.export(format)
     _require_room(paths, [format])
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
+    with built_aside(out) as tmp:
         _write_layout(config, format, family, spec, weights, model_config, tmp, out)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)  # no layout yet: a full disk gets its room back
-        raise
-    replace_dir(tmp, out)
     return out
 
 

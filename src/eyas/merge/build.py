@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from eyas.config import ConfigError, DatasetConfig, RunConfig
 from eyas.console import progress
-from eyas.files import naming, replace_dir
+from eyas.files import built_aside
 from eyas.merge import plan
 from eyas.merge.shuffle import Buckets, SplitWriter
 from eyas.merge.stats import DROP_REASONS, SplitStats
@@ -184,15 +184,9 @@ def merge(config: RunConfig, started: StageRun, quiet: bool = False) -> dict:
         phase = _Phase(bar)
         phase.start("merge: scan", rows)
         scans = [scan(d, path, m.max_seq_len, phase.advance) for d, path in zip(datasets, inputs)]
-        tmp = paths.root / "merge.tmp"
-        try:
+        with built_aside(paths.merge_dir) as tmp:
             stats = _shuffle_and_write(config, scans, phase, rows, tmp)
             started.finish(paths.moving("merge", tmp).marker("merge"))
-        except OSError as e:
-            # What was built aside is no corpus yet: removed, so a full disk gets its room back.
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise naming(e, tmp) from None
-    replace_dir(tmp, paths.merge_dir)
     return stats
 
 
@@ -224,7 +218,6 @@ def _shuffle_and_write(config: RunConfig, scans: list[Scan], phase: _Phase, rows
     held_out = plan.select_eval(prompts, m.seed, k)
 
     schema = tokenized_arrow_schema()
-    shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     stats: dict = {
         "schema_version": SCHEMA_VERSION,

@@ -7,9 +7,9 @@ the probability mass acceptance depends on. SFDD scores a token by 1 − cos(p, 
 between the target's distribution p and the uniform u over the vocabulary (its *peakedness*
 here: 0 for a uniform p, higher the sharper p is); a sample's score is the mean over the positions
 it trains, and the samples with the *lowest* scores, the flattest, are kept, as the paper's code
-keeps them. The paper keeps half of its data within 4%
-of the full data's speed-up, training in half the time. ``random`` keeps a seeded random share:
-the control that tells what the ranking itself is worth.
+keeps them. The paper keeps half of its data within 4% of the full data's speed-up, training in
+half the time. ``random`` keeps a seeded random share: the control that tells what the ranking
+itself is worth.
 
 The choice is a pure function of the data, the target's head and the seed, so a resumed run
 picks the same samples; under torchrun each rank scores every world-th sample and the ranks sum
@@ -77,7 +77,7 @@ class Kept:
 def select(cfg: TrainConfig, source, lm_head: torch.Tensor, world: World):
     """``source`` itself when ``train.keep`` is 1, else the share it names (at least one sample),
     the flattest or a seeded random one, with what was kept in the log."""
-    if cfg.keep >= 1.0:
+    if cfg.keep == 1.0:
         return source
     n, count = len(source), max(1, round(cfg.keep * len(source)))
     if cfg.keep_by == "random":
